@@ -1,0 +1,32 @@
+"""Which implementation of each op runs: Triton kernels on CUDA, the PyTorch references on CPU.
+
+``STREE_KERNELS=triton|torch|auto`` (default ``auto``) overrides; ``stree.kernels.backend.use(...)``
+does the same from Python. The references are always importable; Triton is only imported when used.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_FORCED: str | None = None
+CHOICES = ("auto", "triton", "torch")
+
+
+def use(name: str | None) -> None:
+    """Force a backend for this process (``None`` goes back to the environment/auto choice)."""
+    if name is not None and name not in CHOICES:
+        raise ValueError(f"unknown kernel backend {name!r}; choose from {', '.join(CHOICES)}")
+    global _FORCED
+    _FORCED = name
+
+
+def resolve(device: torch.device | str) -> str:
+    """``'triton'`` or ``'torch'`` for tensors on ``device``."""
+    name = _FORCED or os.environ.get("STREE_KERNELS", "auto")
+    if name not in CHOICES:
+        raise ValueError(f"STREE_KERNELS={name!r} is not one of {', '.join(CHOICES)}")
+    if name == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return name

@@ -1,0 +1,78 @@
+"""The ops the model calls, each routed to its Triton kernel or its PyTorch reference (see backend.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+from . import backend
+
+# op name -> (reference "module:function", triton "module:function")
+_OPS = {
+    "tree_scan": ("tree_scan:tree_scan_ref", "tree_scan_triton:tree_scan_triton"),
+    "tree_conv1d": ("tree_conv:tree_conv1d_ref", "tree_conv_triton:tree_conv1d_triton"),
+    "replay": ("replay:replay_ref", "replay_triton:replay_triton"),
+    "ssd_step": ("decode_step:ssd_step_ref", "decode_step_triton:ssd_step_triton"),
+    "conv_step": ("decode_step:conv_step_ref", "decode_step_triton:conv_step_triton"),
+    "ssd_prefill": ("chunk_scan:ssd_prefill_ref", "chunk_scan_triton:ssd_prefill_triton"),
+    "conv_prefill": ("chunk_scan:conv_prefill_ref", "chunk_scan_triton:conv_prefill_triton"),
+    "tree_attention": ("tree_attention:tree_attention_ref", "tree_attention_triton:tree_attention_triton"),
+    "kv_commit": ("tree_attention:kv_commit_ref", "tree_attention_triton:kv_commit_triton"),
+}
+_CACHE: dict[tuple[str, str], object] = {}
+
+
+def _load(spec: str):
+    mod, fn = spec.split(":")
+    return getattr(importlib.import_module(f"{__package__}.{mod}"), fn)
+
+
+def get(op: str, device) -> object:
+    """The implementation of ``op`` for tensors on ``device``."""
+    which = backend.resolve(device)
+    key = (op, which)
+    if key not in _CACHE:
+        ref, tri = _OPS[op]
+        if which == "triton":
+            try:
+                _CACHE[key] = _load(tri)
+            except (ImportError, AttributeError):
+                _CACHE[key] = _load(ref)  # no kernel for this op (or no triton): the reference
+        else:
+            _CACHE[key] = _load(ref)
+    return _CACHE[key]
+
+
+def tree_scan(x, dt, A, Bm, Cm, D, parents, ssm_state):
+    return get("tree_scan", x.device)(x, dt, A, Bm, Cm, D, parents, ssm_state)
+
+
+def tree_conv1d(xBC, conv_state, weight, bias, parents):
+    return get("tree_conv1d", xBC.device)(xBC, conv_state, weight, bias, parents)
+
+
+def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    return get("replay", x.device)(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len)
+
+
+def ssd_step(ssm_state, x, dt, A, Bm, Cm, D):
+    return get("ssd_step", x.device)(ssm_state, x, dt, A, Bm, Cm, D)
+
+
+def conv_step(conv_state, xBC, weight, bias):
+    return get("conv_step", xBC.device)(conv_state, xBC, weight, bias)
+
+
+def ssd_prefill(x, dt, A, Bm, Cm, D, ssm_state):
+    return get("ssd_prefill", x.device)(x, dt, A, Bm, Cm, D, ssm_state)
+
+
+def conv_prefill(xBC, conv_state, weight, bias):
+    return get("conv_prefill", xBC.device)(xBC, conv_state, weight, bias)
+
+
+def tree_attention(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None):
+    return get("tree_attention", q.device)(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale)
+
+
+def kv_commit(k_cache, v_cache, seqlen, path, path_len):
+    return get("kv_commit", k_cache.device)(k_cache, v_cache, seqlen, path, path_len)

@@ -1,0 +1,96 @@
+"""The drafter plugin interface: a Drafter opens per-generation sessions that draft token trees.
+
+A session holds the drafter's own state for one generation (a draft model's SSM state, an
+n-gram index of the context, ...). Its context is the prompt plus every token committed since;
+``draft`` returns a tree whose root is the last context token. Drafters can only change speed:
+the verifier checks every drafted token, so a wrong or empty draft costs time, never output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from .sampling import SamplingParams
+from .token_tree import MAX_TREE_NODES, TokenTree
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    """Upper bounds on a drafted tree: nodes (root included), depth below the root, children per node."""
+
+    max_nodes: int = 16
+    max_depth: int = 8
+    max_width: int = 4
+
+    def __post_init__(self):
+        if not 1 <= self.max_nodes <= MAX_TREE_NODES:
+            raise ValueError(f"max_nodes must be in 1..{MAX_TREE_NODES}, got {self.max_nodes}")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth must be >= 0, got {self.max_depth}")
+        if self.max_width < 1:
+            raise ValueError(f"max_width must be >= 1, got {self.max_width}")
+
+    def violation(self, tree: TokenTree) -> str | None:
+        """Why ``tree`` breaks this budget, or None when it fits."""
+        if tree.num_nodes > self.max_nodes:
+            return f"{tree.num_nodes} nodes > max_nodes {self.max_nodes}"
+        if tree.max_depth > self.max_depth:
+            return f"depth {tree.max_depth} > max_depth {self.max_depth}"
+        width = max((len(k) for k in tree.children()), default=0)
+        if width > self.max_width:
+            return f"a node has {width} children > max_width {self.max_width}"
+        return None
+
+    def check(self, tree: TokenTree) -> None:
+        why = self.violation(tree)
+        if why is not None:
+            raise ValueError(f"drafted tree is over budget: {why}")
+
+
+@runtime_checkable
+class DrafterSession(Protocol):
+    """One generation's drafting state."""
+
+    def draft(self, budget: DraftBudget) -> TokenTree:
+        """A tree rooted at the last context token, within ``budget``."""
+        ...
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Append tokens the verifier accepted (the accepted path below the root, then the bonus)."""
+        ...
+
+    def close(self) -> None:
+        """Release the session's resources."""
+        ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A drafter plugin: a named factory of sessions."""
+
+    name: str
+
+    def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> DrafterSession:
+        """Start a session whose context is ``prompt_ids`` (non-empty)."""
+        ...
+
+
+class ContextSession:
+    """Base for sessions that keep the token context as a plain list (n-gram, retrieval, ...)."""
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams):
+        if len(prompt_ids) == 0:
+            raise ValueError("a drafter session needs a non-empty prompt")
+        self.context: list[int] = [int(t) for t in prompt_ids]
+        self.params = params
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.context.extend(int(t) for t in tokens)
+
+    def close(self) -> None:
+        self.context = []
+
+    def root_only(self) -> TokenTree:
+        """The empty draft: just the root (the verifier then does one plain decoding step)."""
+        return TokenTree.chain([self.context[-1]])

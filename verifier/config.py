@@ -1,0 +1,203 @@
+"""Model configuration in mamba_ssm's own ``config.json`` format, plus the Hugging Face Mamba2 mapping.
+
+mamba_ssm's ``MambaConfig`` fields are kept by name (``d_model``, ``n_layer``, ``ssm_cfg``,
+``attn_layer_idx``, ``attn_cfg``, ...), so a checkpoint written here loads in mamba_ssm and back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SSM_DEFAULTS: dict[str, Any] = {
+    "layer": "Mamba2",
+    "d_state": 128,
+    "d_conv": 4,
+    "expand": 2,
+    "headdim": 64,
+    "d_ssm": None,
+    "ngroups": 1,
+    "D_has_hdim": False,
+    "rmsnorm": True,
+    "norm_before_gate": False,
+    "dt_limit": [0.0, math.inf],
+    "bias": False,
+    "conv_bias": True,
+    "chunk_size": 256,
+}
+
+ATTN_DEFAULTS: dict[str, Any] = {
+    "num_heads": 8,
+    "num_heads_kv": None,
+    "head_dim": None,
+    "mlp_dim": 0,
+    "qkv_proj_bias": True,
+    "out_proj_bias": True,
+    "softmax_scale": None,
+    "causal": True,
+    "d_conv": 0,
+    "rotary_emb_dim": 0,
+    "rotary_emb_base": 10000.0,
+    "rotary_emb_interleaved": False,
+}
+
+# ssm_cfg keys mamba_ssm accepts that only affect initialisation or training kernels.
+_SSM_INIT_ONLY = {
+    "conv_init", "A_init_range", "dt_min", "dt_max", "dt_init_floor", "use_mem_eff_path",
+    "sequence_parallel", "process_group", "activation",
+}
+
+
+@dataclass
+class ModelConfig:
+    """mamba_ssm ``MambaConfig`` (Mamba2 mixers, optional attention layers and gated MLPs)."""
+
+    d_model: int = 768
+    d_intermediate: int = 0
+    n_layer: int = 24
+    vocab_size: int = 50277
+    ssm_cfg: dict = field(default_factory=dict)
+    attn_layer_idx: list = field(default_factory=list)
+    attn_cfg: dict = field(default_factory=dict)
+    rms_norm: bool = True
+    residual_in_fp32: bool = True
+    fused_add_norm: bool = True
+    pad_vocab_size_multiple: int = 8
+    tie_embeddings: bool = True
+    norm_epsilon: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"config: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.d_intermediate, int) or self.d_intermediate < 0:
+            raise ValueError(f"config: d_intermediate must be an integer >= 0, got {self.d_intermediate!r}")
+        layer = (self.ssm_cfg or {}).get("layer", "Mamba2")
+        if layer != "Mamba2":
+            raise ValueError(f"config: ssm_cfg.layer {layer!r} is not supported (only 'Mamba2')")
+        self.attn_layer_idx = [int(i) for i in (self.attn_layer_idx or [])]
+        for i in self.attn_layer_idx:
+            if not 0 <= i < self.n_layer:
+                raise ValueError(f"config: attn_layer_idx {i} is outside 0..{self.n_layer - 1}")
+        ssm = self.ssm
+        if ssm["d_ssm"] % ssm["headdim"]:
+            raise ValueError(
+                f"config: d_ssm {ssm['d_ssm']} (expand*d_model) is not a multiple of headdim {ssm['headdim']}"
+            )
+        if self.nheads % ssm["ngroups"]:
+            raise ValueError(f"config: {self.nheads} heads do not split into {ssm['ngroups']} groups")
+        if ssm["d_conv"] < 1:
+            raise ValueError("config: ssm_cfg.d_conv must be >= 1")
+        if self.attn_layer_idx:
+            attn = self.attn
+            if attn["d_conv"]:
+                raise ValueError("config: attn_cfg.d_conv > 0 (conv in attention layers) is not supported")
+            if not attn["causal"]:
+                raise ValueError("config: attn_cfg.causal must be true for a language model")
+            if attn["num_heads"] % attn["num_heads_kv"]:
+                raise ValueError("config: attn_cfg.num_heads must be a multiple of num_heads_kv")
+
+    # ----- resolved views -----------------------------------------------------------------
+    @property
+    def ssm(self) -> dict:
+        """ssm_cfg with mamba_ssm's defaults filled in and d_ssm resolved."""
+        cfg = {**SSM_DEFAULTS, **{k: v for k, v in (self.ssm_cfg or {}).items() if k not in _SSM_INIT_ONLY}}
+        unknown = set(cfg) - set(SSM_DEFAULTS)
+        if unknown:
+            raise ValueError(f"config: unknown ssm_cfg keys {sorted(unknown)}")
+        d_inner = cfg["expand"] * self.d_model
+        cfg["d_inner"] = d_inner
+        cfg["d_ssm"] = d_inner if cfg["d_ssm"] is None else cfg["d_ssm"]
+        cfg["dt_limit"] = [float(x) for x in cfg["dt_limit"]]
+        return cfg
+
+    @property
+    def attn(self) -> dict:
+        cfg = {**ATTN_DEFAULTS, **(self.attn_cfg or {})}
+        unknown = set(cfg) - set(ATTN_DEFAULTS)
+        if unknown:
+            raise ValueError(f"config: unknown attn_cfg keys {sorted(unknown)}")
+        if cfg["num_heads_kv"] is None:
+            cfg["num_heads_kv"] = cfg["num_heads"]
+        if cfg["head_dim"] is None:
+            cfg["head_dim"] = self.d_model // cfg["num_heads"]
+        return cfg
+
+    @property
+    def nheads(self) -> int:
+        ssm = self.ssm
+        return ssm["d_ssm"] // ssm["headdim"]
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_size_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def mlp_hidden(self) -> int:
+        """GatedMLP width as mamba_ssm rounds it (multiple of 128)."""
+        return (self.d_intermediate + 127) // 128 * 128
+
+    def is_attention(self, layer: int) -> bool:
+        return layer in self.attn_layer_idx
+
+    # ----- (de)serialisation ----------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ValueError("config: expected a JSON object")
+        if "d_model" not in data and "hidden_size" in data:
+            return cls.from_hf_dict(data)
+        known = {f for f in cls.__dataclass_fields__}
+        missing = [k for k in ("d_model", "n_layer", "vocab_size") if k not in data]
+        if missing:
+            raise ValueError(f"config: missing required keys {missing}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_hf_dict(cls, data: dict) -> "ModelConfig":
+        """Map a transformers ``Mamba2Config`` dict onto mamba_ssm's fields."""
+        model_type = data.get("model_type", "mamba2")
+        if model_type != "mamba2":
+            raise ValueError(f"config: Hugging Face model_type {model_type!r} is not supported (only 'mamba2')")
+        try:
+            d_model = int(data["hidden_size"])
+            expand = int(data.get("expand", 2))
+            head_dim = int(data.get("head_dim", 64))
+            ssm_cfg = {
+                "d_state": int(data.get("state_size", 128)),
+                "d_conv": int(data.get("conv_kernel", 4)),
+                "expand": expand,
+                "headdim": head_dim,
+                "ngroups": int(data.get("n_groups", 1)),
+                "bias": bool(data.get("use_bias", False)),
+                "conv_bias": bool(data.get("use_conv_bias", True)),
+                "dt_limit": list(data.get("time_step_limit", [0.0, math.inf])),
+                "chunk_size": int(data.get("chunk_size", 256)),
+            }
+            num_heads = data.get("num_heads")
+            if num_heads is not None and int(num_heads) * head_dim != expand * d_model:
+                ssm_cfg["d_ssm"] = int(num_heads) * head_dim
+            return cls(
+                d_model=d_model,
+                n_layer=int(data["num_hidden_layers"]),
+                vocab_size=int(data["vocab_size"]),
+                ssm_cfg=ssm_cfg,
+                rms_norm=bool(data.get("rms_norm", True)),
+                residual_in_fp32=bool(data.get("residual_in_fp32", True)),
+                pad_vocab_size_multiple=1,
+                tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+                norm_epsilon=float(data.get("layer_norm_epsilon", 1e-5)),
+            )
+        except KeyError as exc:
+            raise ValueError(f"config: Hugging Face Mamba2 config is missing {exc}") from exc
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        ssm = dict(out["ssm_cfg"])
+        if "dt_limit" in ssm:
+            ssm["dt_limit"] = [x if math.isfinite(x) else 1e30 for x in map(float, ssm["dt_limit"])]
+        out["ssm_cfg"] = ssm
+        return out
