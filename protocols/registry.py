@@ -7,6 +7,7 @@ A third-party package adds a drafter by declaring, in its own pyproject.toml,
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import entry_points
 from typing import Callable
 
@@ -53,8 +54,20 @@ def get_drafter_factory(name: str) -> DrafterFactory:
 
 
 def create_drafter(name: str, **options) -> Drafter:
-    """Build the drafter registered as ``name`` with its options (e.g. ``draft_model=``)."""
-    return get_drafter_factory(name)(**options)
+    """Build the drafter registered as ``name`` with its options (e.g. ``draft_model=``).
+
+    Options the factory does not take are dropped, so callers can offer the same set to any
+    drafter (a draft model to n-gram, say); a factory with ``**kwargs`` gets them all.
+    """
+    factory = get_drafter_factory(name)
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return factory(**options)
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        accepted = {p.name for p in params}
+        options = {k: v for k, v in options.items() if k in accepted}
+    return factory(**options)
 
 
 _BUILTINS_LOADED = False

@@ -1,0 +1,1 @@
+"""Drafter plugins (draft model, n-gram, retrieval, fusion), their Ray actors and the gRPC drafter service."""

@@ -1,0 +1,213 @@
+"""The ``mamba`` drafter: a small Mamba2 (or hybrid) draft model growing chain, static, beam or dynamic trees.
+
+The session keeps the draft model's own state in step with the accepted tokens (it has fed every
+context token but the last). Each draft level is one batched ``step`` over the frontier; leaves are
+never fed. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
+draw children without replacement (Gumbel-top-k) from the warped draft distribution and carry it,
+so verification stays lossless. Beam and dynamic trees are deterministic at every temperature.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from stree.protocols.drafter import ContextSession, DraftBudget
+from stree.protocols.sampling import SamplingParams, warp_logits
+from stree.protocols.token_tree import DraftMode, TokenTree
+
+from .tree_shapes import TreeShape
+
+
+def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """``k`` successive draws without replacement from ``probs`` (fewer if its support is smaller)."""
+    support = int((probs > 0).sum())
+    k = min(k, support)
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    keys = torch.log(probs.double().cpu()) - torch.log(-torch.log(u))
+    return torch.topk(keys, k).indices.tolist()
+
+
+def truncate_tree(tree: TokenTree, max_nodes: int) -> TokenTree:
+    """The first ``max_nodes`` nodes (topological order keeps every parent)."""
+    if tree.num_nodes <= max_nodes:
+        return tree
+    probs = tree.draft_probs[:max_nodes] if tree.draft_probs is not None else None
+    return TokenTree(tree.tokens[:max_nodes], tree.parents[:max_nodes], probs, tree.mode)
+
+
+class MambaDrafter:
+    """Drafter plugin over a draft ``StreeLM``; ``tree`` is a ``TreeShape`` spec such as ``beam:4x3``."""
+
+    name = "mamba"
+
+    def __init__(self, draft_model, tree: str | TreeShape = "beam:4x3", max_seqlen: int = 8192):
+        if draft_model is None:
+            raise ValueError("the mamba drafter needs a draft model (--draft-model DIR)")
+        self.model = draft_model
+        self.shape = tree if isinstance(tree, TreeShape) else TreeShape.parse(tree)
+        self.max_seqlen = max_seqlen
+
+    def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
+        return MambaDraftSession(self, prompt_ids, params)
+
+
+class MambaDraftSession(ContextSession):
+    def __init__(self, drafter: MambaDrafter, prompt_ids: Sequence[int], params: SamplingParams):
+        super().__init__(prompt_ids, params)
+        self.model = drafter.model
+        self.shape = drafter.shape
+        dev = self.model.device
+        self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
+        if len(self.context) > 1:
+            self.model.prefill(torch.tensor([self.context[:-1]], device=dev), self.state)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)))
+        self.generator = torch.Generator().manual_seed(seed ^ 0x5D3A)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return
+        feed = [self.context[-1]] + tokens[:-1]
+        self.model.prefill(torch.tensor([feed], device=self.model.device), self.state)
+        super().commit(tokens)
+
+    def close(self) -> None:
+        self.state = None
+        super().close()
+
+    # ----- drafting -----------------------------------------------------------------------------
+    def _step(self, tokens: list[int], state) -> torch.Tensor:
+        return self.model.step(torch.tensor(tokens, device=self.model.device), state)
+
+    def draft(self, budget: DraftBudget) -> TokenTree:
+        kind = self.shape.kind
+        if budget.max_nodes < 2 or budget.max_depth < 1:
+            return self.root_only()
+        if kind in ("chain", "static"):
+            return self._draft_static(budget)
+        if kind == "beam":
+            return self._draft_beam(budget)
+        return self._draft_dynamic(budget)
+
+    def _draft_static(self, budget: DraftBudget) -> TokenTree:
+        params = self.params
+        tokens, parents = [self.context[-1]], [-1]
+        q_rows: dict[int, torch.Tensor] = {}
+        frontier, state = [0], self.state.clone()
+        widths = [min(w, budget.max_width) for w in self.shape.widths[: budget.max_depth]]
+        for w in widths:
+            if len(tokens) >= budget.max_nodes:
+                break
+            logits = self._step([tokens[f] for f in frontier], state)
+            if not params.greedy:
+                q = warp_logits(logits, params).cpu()
+            new_frontier, rows = [], []
+            for r, f in enumerate(frontier):
+                if params.greedy:
+                    picks = torch.topk(logits[r], w).indices.tolist()
+                else:
+                    q_rows[f] = q[r]
+                    picks = gumbel_top_k(q[r], w, self.generator)
+                for t in picks:
+                    if len(tokens) >= budget.max_nodes:
+                        break
+                    tokens.append(int(t))
+                    parents.append(f)
+                    new_frontier.append(len(tokens) - 1)
+                    rows.append(r)
+            if not new_frontier:
+                break
+            frontier = new_frontier
+            state = state.select(torch.tensor(rows, device=self.model.device))
+        if params.greedy or len(tokens) == 1:
+            return TokenTree(tokens, parents)
+        probs = torch.zeros(len(tokens), self.model.vocab_size)
+        for node, row in q_rows.items():
+            probs[node] = row
+        return TokenTree(tokens, parents, draft_probs=probs, mode=DraftMode.WITHOUT_REPLACEMENT)
+
+    def _log_q(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.params.greedy:
+            return torch.log_softmax(logits.float(), -1)
+        return torch.log(warp_logits(logits, self.params))
+
+    def _draft_beam(self, budget: DraftBudget) -> TokenTree:
+        """STree's beam tree: D steps of beam search with M beams; every beam prefix becomes a node."""
+        beams = min(self.shape.beams, budget.max_width)
+        depth = min(self.shape.depth, budget.max_depth)
+        seqs: list[list[int]] = [[]]
+        scores = torch.zeros(1)
+        state = self.state.clone()
+        last = [self.context[-1]]
+        drafted: list[list[int]] = []
+        for _ in range(depth):
+            logq = self._log_q(self._step(last, state)).cpu()  # [M, V]
+            total = (scores[:, None] + logq).reshape(-1)
+            k = min(beams, int(torch.isfinite(total).sum()))
+            if k == 0:
+                break
+            top = torch.topk(total, k)
+            vocab = logq.shape[1]
+            rows = (top.indices // vocab).tolist()
+            toks = (top.indices % vocab).tolist()
+            seqs = [seqs[r] + [t] for r, t in zip(rows, toks)]
+            scores = top.values
+            drafted.extend(seqs)
+            last = toks
+            state = state.select(torch.tensor(rows, device=self.model.device))
+        tree = TokenTree.from_sequences(self.context[-1], sorted(drafted, key=len))
+        return truncate_tree(tree, budget.max_nodes)
+
+    def _draft_dynamic(self, budget: DraftBudget) -> TokenTree:
+        """Grow the tree level by level, keeping the candidates with the highest path probability."""
+        limit = min(self.shape.nodes, budget.max_nodes)
+        tokens, parents, score = [self.context[-1]], [-1], [0.0]
+        frontier, state = [0], self.state.clone()
+        for _ in range(budget.max_depth):
+            room = limit - len(tokens)
+            if room <= 0:
+                break
+            logq = self._log_q(self._step([tokens[f] for f in frontier], state)).cpu()
+            width = min(budget.max_width, logq.shape[1])
+            cand_lp, cand_tok = torch.topk(logq, width, dim=-1)  # [F, W]
+            cand = torch.tensor([score[f] for f in frontier])[:, None] + cand_lp
+            flat = cand.reshape(-1)
+            keep = min(room, budget.max_width, int(torch.isfinite(flat).sum()))
+            if keep == 0:
+                break
+            best = torch.topk(flat, keep).indices.tolist()
+            rows = []
+            new_frontier = []
+            for idx in sorted(best):
+                r, c = divmod(idx, width)
+                tokens.append(int(cand_tok[r, c]))
+                parents.append(frontier[r])
+                score.append(float(flat[idx]))
+                new_frontier.append(len(tokens) - 1)
+                rows.append(r)
+            frontier = new_frontier
+            state = state.select(torch.tensor(rows, device=self.model.device))
+        return TokenTree(tokens, parents)
+
+
+def make_mamba_drafter(draft_model=None, tree: Optional[str] = None, tree_widths=None, **_):
+    """Factory for the ``mamba`` drafter (default tree ``beam:4x3``)."""
+    if tree is None and tree_widths is not None:
+        tree = str(TreeShape.from_widths(tree_widths))
+    return MambaDrafter(draft_model, tree or "beam:4x3")
+
+
+def make_chain_drafter(draft_model=None, num_speculative_tokens: int = 4, tree: Optional[str] = None, **_):
+    """Vanilla speculative decoding: a chain of ``num_speculative_tokens`` draft tokens."""
+    if tree is not None and not tree.startswith("chain:"):
+        raise ValueError(f"the chain drafter takes a chain:K tree spec, got {tree!r}")
+    return MambaDrafter(draft_model, tree or f"chain:{num_speculative_tokens}")
+
+
+def make_static_tree_drafter(draft_model=None, tree_widths=None, tree: Optional[str] = None, **_):
+    """Static tree from a per-depth width schedule (default 3,1,1,1: 13 nodes, width 3, depth 4)."""
+    if tree is not None:
+        return MambaDrafter(draft_model, tree)
+    return MambaDrafter(draft_model, TreeShape.from_widths(tree_widths or (3, 1, 1, 1)))
