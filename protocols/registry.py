@@ -56,9 +56,22 @@ def get_drafter_factory(name: str) -> DrafterFactory:
 def create_drafter(name: str, **options) -> Drafter:
     """Build the drafter registered as ``name`` with its options (e.g. ``draft_model=``).
 
+    ``fusion:A+B`` builds drafters A and B with the same options and merges their trees each step.
+
     Options the factory does not take are dropped, so callers can offer the same set to any
     drafter (a draft model to n-gram, say); a factory with ``**kwargs`` gets them all.
     """
+    if name.startswith("fusion:"):
+        parts = [p for p in name[len("fusion:"):].split("+") if p]
+        if len(parts) < 2:
+            raise ValueError(f"fusion wants two or more drafters, as in 'fusion:mamba+ngram'; got {name!r}")
+        subs = [create_drafter(part, **options) for part in parts]
+        scorer = None
+        if options.get("draft_model") is not None:  # RASD: rank merged branches by the draft model
+            from stree.drafter_service.draft_model_scorer import DraftModelScorer
+
+            scorer = DraftModelScorer(options["draft_model"])
+        return get_drafter_factory("fusion")(drafters=subs, scorer=scorer)
     factory = get_drafter_factory(name)
     try:
         params = inspect.signature(factory).parameters.values()

@@ -49,6 +49,13 @@ _SSM_INIT_ONLY = {
 }
 
 
+def _json_float(value) -> float:
+    """A float from JSON, including transformers' ``{"__float__": "Infinity"}`` encoding."""
+    if isinstance(value, dict) and "__float__" in value:
+        return float(value["__float__"])
+    return float(value)
+
+
 @dataclass
 class ModelConfig:
     """mamba_ssm ``MambaConfig`` (Mamba2 mixers, optional attention layers and gated MLPs)."""
@@ -110,7 +117,7 @@ class ModelConfig:
         d_inner = cfg["expand"] * self.d_model
         cfg["d_inner"] = d_inner
         cfg["d_ssm"] = d_inner if cfg["d_ssm"] is None else cfg["d_ssm"]
-        cfg["dt_limit"] = [float(x) for x in cfg["dt_limit"]]
+        cfg["dt_limit"] = [_json_float(x) for x in cfg["dt_limit"]]
         return cfg
 
     @property
@@ -174,7 +181,7 @@ class ModelConfig:
                 "ngroups": int(data.get("n_groups", 1)),
                 "bias": bool(data.get("use_bias", False)),
                 "conv_bias": bool(data.get("use_conv_bias", True)),
-                "dt_limit": list(data.get("time_step_limit", [0.0, math.inf])),
+                "dt_limit": [_json_float(x) for x in data.get("time_step_limit", [0.0, math.inf])],
                 "chunk_size": int(data.get("chunk_size", 256)),
             }
             num_heads = data.get("num_heads")

@@ -1,0 +1,80 @@
+"""The ``stree`` console script: init-model, generate (text and JSON), and clear errors for bad arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stree.cli import main
+
+
+def _run(*args: str):
+    return subprocess.run([sys.executable, "-m", "stree.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cli_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    for name, arch, layers in (("target", "hybrid", "3"), ("draft", "mamba2", "1")):
+        rc = main(["init-model", str(root / name), "--arch", arch, "--d-model", "32", "--n-layer", layers,
+                   "--vocab-size", "320", "--d-state", "8", "--headdim", "8", "--seed", "4"]
+                  + (["--attn-layers", "1"] if arch == "hybrid" else []))
+        assert rc == 0
+    return root
+
+
+def test_generate_json_matches_plain_for_each_drafter(cli_models, capsys):
+    outs = {}
+    for drafter in ("none", "chain", "static-tree"):
+        rc = main(["generate", str(cli_models / "target"), "--draft-model", str(cli_models / "draft"),
+                   "--drafter", drafter, "--prompt-ids", "1,2,3", "--max-new-tokens", "9", "--json",
+                   "--tree-widths", "3,2,2,1", "--ignore-eos"])
+        assert rc == 0
+        rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert {"token_ids", "text", "stats"} <= set(rec)
+        assert {"steps", "mean_accepted_length", "tokens_per_s"} <= set(rec["stats"])
+        outs[drafter] = rec["token_ids"]
+    assert outs["none"] == outs["chain"] == outs["static-tree"]
+    assert len(outs["none"]) == 9
+
+
+def test_generate_text_prompt_and_samples(cli_models, capsys):
+    rc = main(["generate", str(cli_models / "target"), "--prompt", "def main():", "--max-new-tokens", "5",
+               "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1", "--num-samples", "2",
+               "--json", "--draft-model", str(cli_models / "draft"), "--ignore-eos"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    recs = [json.loads(x) for x in lines]
+    assert all(isinstance(r["text"], str) and len(r["token_ids"]) == 5 for r in recs)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt-ids", "1,x"], "--prompt-ids wants comma-separated integers"),
+        (["--prompt-ids", "1", "--drafter", "nope"], "unknown drafter 'nope'"),
+        (["--prompt-ids", "1", "--temperature", "-1"], "temperature must be >= 0"),
+        (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
+        (["--prompt-ids", "1", "--drafter", "mamba", "--tree", "beam:0x3"], "bad numbers"),
+        (["--prompt-ids", "1,999"], "prompt token ids must be in"),
+        (["--prompt-ids", "1", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    ],
+)
+def test_bad_arguments_give_clear_errors(cli_models, args, message):
+    proc = _run("generate", str(cli_models / "target"), "--draft-model", str(cli_models / "draft"), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_argparse_level_errors(cli_models, tmp_path):
+    proc = _run("generate", str(cli_models / "target"))
+    assert proc.returncode == 2 and "one of the arguments --prompt --prompt-ids is required" in proc.stderr
+    proc = _run("generate", str(tmp_path / "missing"), "--prompt-ids", "1")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    proc = _run("init-model", str(tmp_path / "x"), "--arch", "transformer")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
