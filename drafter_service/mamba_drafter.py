@@ -42,12 +42,15 @@ class MambaDrafter:
 
     name = "mamba"
 
-    def __init__(self, draft_model, tree: str | TreeShape = "beam:4x3", max_seqlen: int = 8192):
+    def __init__(self, draft_model, tree: str | TreeShape = "beam:4x3", max_seqlen: int = 8192,
+                 vocab_keep: Optional[torch.Tensor] = None):
         if draft_model is None:
             raise ValueError("the mamba drafter needs a draft model (--draft-model DIR)")
         self.model = draft_model
         self.shape = tree if isinstance(tree, TreeShape) else TreeShape.parse(tree)
         self.max_seqlen = max_seqlen
+        # VocabTrim: draft only among these tokens (a cheaper LM head; never changes output)
+        self.head = draft_model.trimmed_head(vocab_keep) if vocab_keep is not None else None
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
         return MambaDraftSession(self, prompt_ids, params)
@@ -58,6 +61,7 @@ class MambaDraftSession(ContextSession):
         super().__init__(prompt_ids, params)
         self.model = drafter.model
         self.shape = drafter.shape
+        self.head = drafter.head
         dev = self.model.device
         self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
         if len(self.context) > 1:
@@ -79,7 +83,7 @@ class MambaDraftSession(ContextSession):
 
     # ----- drafting -----------------------------------------------------------------------------
     def _step(self, tokens: list[int], state) -> torch.Tensor:
-        return self.model.step(torch.tensor(tokens, device=self.model.device), state)
+        return self.model.step(torch.tensor(tokens, device=self.model.device), state, self.head)
 
     def draft(self, budget: DraftBudget) -> TokenTree:
         kind = self.shape.kind
@@ -192,11 +196,23 @@ class MambaDraftSession(ContextSession):
         return TokenTree(tokens, parents)
 
 
-def make_mamba_drafter(draft_model=None, tree: Optional[str] = None, tree_widths=None, **_):
-    """Factory for the ``mamba`` drafter (default tree ``beam:4x3``)."""
+def make_mamba_drafter(draft_model=None, tree: Optional[str] = None, tree_widths=None, vocab_keep=None, **_):
+    """Factory for the ``mamba`` drafter (default tree ``beam:4x3``; ``vocab_keep``: VocabTrim token ids)."""
     if tree is None and tree_widths is not None:
         tree = str(TreeShape.from_widths(tree_widths))
-    return MambaDrafter(draft_model, tree or "beam:4x3")
+    return MambaDrafter(draft_model, tree or "beam:4x3", vocab_keep=vocab_keep)
+
+
+def frequent_tokens(sequences, k: int) -> torch.Tensor:
+    """The ``k`` most frequent token ids in ``sequences`` (VocabTrim's kept vocabulary)."""
+    counts: dict[int, int] = {}
+    for seq in sequences:
+        for t in seq:
+            counts[int(t)] = counts.get(int(t), 0) + 1
+    if not counts:
+        raise ValueError("frequent_tokens: no tokens to count")
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    return torch.tensor(ranked[:k], dtype=torch.long)
 
 
 def make_chain_drafter(draft_model=None, num_speculative_tokens: int = 4, tree: Optional[str] = None, **_):

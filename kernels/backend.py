@@ -30,3 +30,8 @@ def resolve(device: torch.device | str) -> str:
     if name == "auto":
         return "triton" if torch.device(device).type == "cuda" else "torch"
     return name
+
+
+def capturing() -> bool:
+    """True while a CUDA graph is being captured: host-side checks (which sync) must be skipped."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

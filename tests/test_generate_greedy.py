@@ -113,3 +113,23 @@ def test_stop_tokens_end_generation(models):
     got = stree.generate(target, [3, 4], drafter="chain", draft_model=target, max_new_tokens=20,
                          stop_token_ids=[stop])
     assert got.token_ids == plain[: first + 1]
+
+
+def test_vocab_trimmed_drafter_keeps_output_and_restricts_drafts(models):
+    from stree.drafter_service.mamba_drafter import MambaDrafter, frequent_tokens
+
+    target, draft = models["hybrid"], models["mamba2"]
+    keep = frequent_tokens([list(range(0, 64, 2)) * 3, [1, 3, 5]], 20)
+    assert len(keep) == 20
+    drafter = MambaDrafter(draft, "static:3,2", vocab_keep=keep)
+    prompt = [2, 4, 6, 8]
+    assert stree.generate(target, prompt, drafter=drafter, max_new_tokens=20).token_ids == \
+        stree.generate(target, prompt, max_new_tokens=20).token_ids
+    session = drafter.open(prompt, stree.SamplingParams())
+    tree = session.draft(DraftBudget(max_nodes=16, max_depth=4, max_width=4))
+    assert set(tree.tokens[1:].tolist()) <= set(keep.tolist())
+    state = draft.new_state(1, 8)
+    full = draft.step(torch.tensor([3]), state.clone())
+    part = draft.step(torch.tensor([3]), state.clone(), drafter.head)
+    torch.testing.assert_close(part[0, keep], full[0, keep])
+    assert torch.isinf(part[0]).sum() == draft.vocab_size - 20

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stree.kernels import ops
+from stree.kernels.backend import capturing
 
 from .config import ModelConfig
 
@@ -86,7 +87,7 @@ class Attention(nn.Module):
     def _write(self, state: AttnLayerState, seqlen: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         b, t = k.shape[:2]
         cap = state.k_cache.shape[1]
-        if int((seqlen + t).max()) > cap:
+        if not capturing() and int((seqlen + t).max()) > cap:
             raise ValueError(f"KV cache of {cap} slots is full (need {int((seqlen + t).max())})")
         slots = seqlen[:, None] + torch.arange(t, device=k.device)[None, :]
         rows = torch.arange(b, device=k.device)[:, None].expand(b, t)

@@ -57,7 +57,7 @@ def run(args) -> int:
             model, prompt, drafter=drafter, draft_model=draft, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
             stop_token_ids=[eos] if (eos is not None and not args.ignore_eos) else (),
-            tokenizer=tokenizer, tree=args.tree, tree_widths=args.tree_widths, datastore=args.datastore,
+            tokenizer=tokenizer, cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths, datastore=args.datastore,
         )
         if args.json:
             print(json.dumps({"sample": i, "drafter": drafter, "prompt_ids": prompt,
@@ -96,5 +96,6 @@ def add_parser(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the tokenizer's end token")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     p.set_defaults(func=run)

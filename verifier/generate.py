@@ -253,9 +253,13 @@ def generate(
     budget: Optional[DraftBudget] = None,
     stop_token_ids: Sequence[int] = (),
     tokenizer=None,
+    cuda_graphs: Optional[bool] = None,
     **drafter_options,
 ) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` after ``prompt_ids``; speculation never changes the output's distribution."""
+    """Generate up to ``max_new_tokens`` after ``prompt_ids``; speculation never changes the output's distribution.
+
+    On CUDA the target's step, verify pass and commit replay CUDA graphs unless ``cuda_graphs=False``.
+    """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if isinstance(prompt_ids, torch.Tensor):
         prompt_ids = prompt_ids.reshape(-1).tolist()
@@ -263,8 +267,15 @@ def generate(
         raise ValueError(
             f"draft model vocabulary ({draft_model.vocab_size}) differs from the target's ({model.vocab_size})"
         )
+    budget = budget or DEFAULT_BUDGET
+    if cuda_graphs is None:
+        cuda_graphs = model.device.type == "cuda"
+    if cuda_graphs:
+        from .cuda_graphs import graphed
+
+        model = graphed(model, len(prompt_ids) + max_new_tokens + budget.max_nodes + 2)
     session = open_drafter(drafter, prompt_ids, params, draft_model=draft_model, **drafter_options)
-    dec = DecodeSession(model, prompt_ids, session, params, budget or DEFAULT_BUDGET, max_new_tokens,
+    dec = DecodeSession(model, prompt_ids, session, params, budget, max_new_tokens,
                         stop_token_ids)
     try:
         dec.run()

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stree.kernels.backend import capturing
 from stree.kernels.tree_scan import tree_ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
@@ -110,6 +111,20 @@ class LMState:
 
 
 @dataclass
+class TrimmedHead:
+    """VocabTrim: LM-head rows for a subset of tokens; every other token gets logit ``-inf``."""
+
+    keep: torch.Tensor  # [K] token ids
+    weight: torch.Tensor  # [K, d]
+
+    def logits(self, h: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        part = (h @ self.weight.t().to(h.dtype)).float()
+        out = torch.full((*h.shape[:-1], vocab_size), float("-inf"), device=h.device)
+        out[..., self.keep] = part
+        return out
+
+
+@dataclass
 class TreeActs:
     """What the tree pass leaves for commit: per-layer Mamba activations and the tree batch."""
 
@@ -140,17 +155,26 @@ class StreeLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def _logits(self, hidden, residual) -> torch.Tensor:
+    def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
         residual = hidden + residual
         h = self.backbone.norm_f(residual.to(self.backbone.norm_f.weight.dtype))
+        if head is not None:
+            return head.logits(h, self.config.vocab_size)
         # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.
         return self.lm_head(h)[..., : self.config.vocab_size].float()
 
-    def _run(self, input_ids, mixes) -> torch.Tensor:
+    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None) -> torch.Tensor:
         hidden, residual = self.backbone.embedding(input_ids), None
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix)
-        return self._logits(hidden, residual)
+        return self._logits(hidden, residual, head)
+
+    def trimmed_head(self, keep: torch.Tensor) -> "TrimmedHead":
+        """An LM head restricted to token ids ``keep`` (VocabTrim), for cheaper draft steps."""
+        keep = torch.as_tensor(keep, dtype=torch.long, device=self.device).unique()
+        if keep.numel() == 0 or int(keep.min()) < 0 or int(keep.max()) >= self.vocab_size:
+            raise ValueError(f"vocabulary trim ids must be a non-empty subset of [0, {self.vocab_size})")
+        return TrimmedHead(keep, self.lm_head.weight.detach()[keep].clone())
 
     # ----- plain forward --------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -168,6 +192,8 @@ class StreeLM(nn.Module):
         return LMState(layers, torch.zeros(batch_size, dtype=torch.long, device=dev), max_seqlen)
 
     def _check_ids(self, ids: torch.Tensor) -> None:
+        if capturing():
+            return
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
 
@@ -186,25 +212,30 @@ class StreeLM(nn.Module):
         return logits
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, state: LMState) -> torch.Tensor:
-        """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits."""
+    def step(self, input_ids: torch.Tensor, state: LMState, head: "TrimmedHead | None" = None) -> torch.Tensor:
+        """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``)."""
         seqlen = state.seqlen
         mixes = [
             (lambda h, b=b, s=s: b.mixer.step(h, s, seqlen)) if b.is_attention
             else (lambda h, b=b, s=s: b.mixer.step(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
-        logits = self._run(input_ids, mixes)
+        logits = self._run(input_ids, mixes, head)
         state.seqlen += 1
         return logits
 
     @torch.no_grad()
-    def tree_forward(self, trees: TreeBatch, state: LMState):
-        """Logits ``[B, N, V]`` after every node of each tree, in one pass; ``state`` is unchanged."""
+    def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None):
+        """Logits ``[B, N, V]`` after every node of each tree, in one pass; ``state`` is unchanged.
+
+        ``anc_mask`` (``[B, N, N]``, optional) saves recomputing the ancestor mask on the device.
+        """
         trees = trees.to(self.device)
         self._check_ids(trees.tokens)
         parents, depth = trees.parents, trees.depth
-        anc = tree_ancestor_mask(parents) if any(b.is_attention for b in self.backbone.layers) else None
+        anc = None
+        if any(b.is_attention for b in self.backbone.layers):
+            anc = anc_mask.to(self.device) if anc_mask is not None else tree_ancestor_mask(parents)
         seqlen = state.seqlen
         acts: list = []
 
@@ -229,7 +260,7 @@ class StreeLM(nn.Module):
         """Advance ``state`` along ``path`` (``[B, M]`` node ids, root first; ``path_len`` ``[B]``)."""
         path = path.to(self.device)
         path_len = path_len.to(self.device)
-        if bool((path_len < 1).any()):
+        if not capturing() and bool((path_len < 1).any()):
             raise ValueError("commit: every path must contain at least the root")
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
             if block.is_attention:
