@@ -17,6 +17,7 @@ from stree.protocols.drafter import ContextSession, DraftBudget
 from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree
 
+from .beam_search import GraphedBeamSearch, beam_search, draft_log_q, to_tree
 from .tree_shapes import TreeShape
 
 
@@ -29,21 +30,13 @@ def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator) -> lis
     return torch.topk(keys, k).indices.tolist()
 
 
-def truncate_tree(tree: TokenTree, max_nodes: int) -> TokenTree:
-    """The first ``max_nodes`` nodes (topological order keeps every parent)."""
-    if tree.num_nodes <= max_nodes:
-        return tree
-    probs = tree.draft_probs[:max_nodes] if tree.draft_probs is not None else None
-    return TokenTree(tree.tokens[:max_nodes], tree.parents[:max_nodes], probs, tree.mode)
-
-
 class MambaDrafter:
     """Drafter plugin over a draft ``StreeLM``; ``tree`` is a ``TreeShape`` spec such as ``beam:4x3``."""
 
     name = "mamba"
 
     def __init__(self, draft_model, tree: str | TreeShape = "beam:4x3", max_seqlen: int = 8192,
-                 vocab_keep: Optional[torch.Tensor] = None):
+                 vocab_keep: Optional[torch.Tensor] = None, cuda_graphs: bool = True):
         if draft_model is None:
             raise ValueError("the mamba drafter needs a draft model (--draft-model DIR)")
         self.model = draft_model
@@ -51,6 +44,8 @@ class MambaDrafter:
         self.max_seqlen = max_seqlen
         # VocabTrim: draft only among these tokens (a cheaper LM head; never changes output)
         self.head = draft_model.trimmed_head(vocab_keep) if vocab_keep is not None else None
+        self.cuda_graphs = cuda_graphs
+        self.graphed_beams: dict = {}
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
         return MambaDraftSession(self, prompt_ids, params)
@@ -62,6 +57,9 @@ class MambaDraftSession(ContextSession):
         self.model = drafter.model
         self.shape = drafter.shape
         self.head = drafter.head
+        # the whole beam draft replays one CUDA graph (pure Mamba2 draft models on CUDA)
+        self.graphs = drafter.cuda_graphs and self.model.device.type == "cuda" and not self.model.config.attn_layer_idx
+        self.drafter = drafter
         dev = self.model.device
         self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
         if len(self.context) > 1:
@@ -132,37 +130,23 @@ class MambaDraftSession(ContextSession):
             probs[node] = row
         return TokenTree(tokens, parents, draft_probs=probs, mode=DraftMode.WITHOUT_REPLACEMENT)
 
-    def _log_q(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.params.greedy:
-            return torch.log_softmax(logits.float(), -1)
-        return torch.log(warp_logits(logits, self.params))
-
     def _draft_beam(self, budget: DraftBudget) -> TokenTree:
-        """STree's beam tree: D steps of beam search with M beams; every beam prefix becomes a node."""
+        """STree's beam tree: D steps of beam search with M beams; every beam token becomes a node."""
         beams = min(self.shape.beams, budget.max_width)
         depth = min(self.shape.depth, budget.max_depth)
-        seqs: list[list[int]] = [[]]
-        scores = torch.zeros(1)
-        state = self.state.clone()
-        last = [self.context[-1]]
-        drafted: list[list[int]] = []
-        for _ in range(depth):
-            logq = self._log_q(self._step(last, state)).cpu()  # [M, V]
-            total = (scores[:, None] + logq).reshape(-1)
-            k = min(beams, int(torch.isfinite(total).sum()))
-            if k == 0:
-                break
-            top = torch.topk(total, k)
-            vocab = logq.shape[1]
-            rows = (top.indices // vocab).tolist()
-            toks = (top.indices % vocab).tolist()
-            seqs = [seqs[r] + [t] for r, t in zip(rows, toks)]
-            scores = top.values
-            drafted.extend(seqs)
-            last = toks
-            state = state.select(torch.tensor(rows, device=self.model.device))
-        tree = TokenTree.from_sequences(self.context[-1], sorted(drafted, key=len))
-        return truncate_tree(tree, budget.max_nodes)
+        root = self.context[-1]
+        if self.graphs:
+            cache = self.drafter.graphed_beams  # shared by the drafter's sessions: captured once
+            warp = SamplingParams(self.params.temperature, self.params.top_k, self.params.top_p)  # no seed
+            key = (depth, beams, warp)
+            if key not in cache:
+                cache[key] = GraphedBeamSearch(self.model, depth, beams, warp, self.head)
+            toks, parents, scores = cache[key](self.state, root)
+        else:
+            work = self.state.select(torch.zeros(beams, dtype=torch.long, device=self.model.device))
+            root_t = torch.tensor([root], device=self.model.device)
+            toks, parents, scores = beam_search(self.model, work, root_t, depth, self.params, self.head)
+        return to_tree(root, toks, parents, scores, budget.max_nodes)
 
     def _draft_dynamic(self, budget: DraftBudget) -> TokenTree:
         """Grow the tree level by level, keeping the candidates with the highest path probability."""
@@ -173,7 +157,7 @@ class MambaDraftSession(ContextSession):
             room = limit - len(tokens)
             if room <= 0:
                 break
-            logq = self._log_q(self._step([tokens[f] for f in frontier], state)).cpu()
+            logq = draft_log_q(self._step([tokens[f] for f in frontier], state), self.params).cpu()
             width = min(budget.max_width, logq.shape[1])
             cand_lp, cand_tok = torch.topk(logq, width, dim=-1)  # [F, W]
             cand = torch.tensor([score[f] for f in frontier])[:, None] + cand_lp

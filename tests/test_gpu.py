@@ -58,3 +58,20 @@ def test_graphs_do_not_change_bf16_results(gpu_models, arch):
         eager = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40, cuda_graphs=False)
         graph = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40)
         assert graph.token_ids == eager.token_ids
+
+
+def test_graphed_beam_draft_equals_eager_beam_draft(gpu_models):
+    from stree import DraftBudget, SamplingParams
+    from stree.drafter_service.mamba_drafter import MambaDrafter
+
+    draft = _load(gpu_models["draft"], torch.float32)
+    budget = DraftBudget(max_nodes=64, max_depth=8, max_width=8)
+    context = list(range(3, 40))
+    trees = []
+    for graphs in (True, False):
+        session = MambaDrafter(draft, "beam:4x3", cuda_graphs=graphs).open(context, SamplingParams())
+        got = [session.draft(budget)]
+        session.commit([7, 8, 9])
+        got.append(session.draft(budget))
+        trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
+    assert trees[0] == trees[1]
