@@ -39,8 +39,9 @@ def beam_search(model, state, root: torch.Tensor, depth: int, params: SamplingPa
     """
     beams = state.seqlen.shape[0]
     last = root.reshape(1).expand(beams).contiguous()
-    scores = torch.full((beams,), float("-inf"), device=root.device)
-    scores[0] = 0.0  # all rows start equal: expand row 0 only at the first step
+    # all rows start equal: only row 0 is expanded at the first step (no host copy: graph-safe)
+    scores = torch.zeros(beams, device=root.device).masked_fill_(torch.arange(beams, device=root.device) > 0,
+                                                                  float("-inf"))
     toks, parents, all_scores = [], [], []
     for _ in range(depth):
         logq = draft_log_q(model.step(last, state, head), params)  # [M, V]

@@ -1,10 +1,9 @@
 """``stree bench drafters``: draft time per step for each drafter and tree shape (JSON + table).
 
 The draft model has Mamba2-130M's shape (d_model 768, 24 layers, d_state 128, headdim 64) with
-random weights unless ``--draft-model`` names a checkpoint; the context is real text tokenized
-from Python sources when a tokenizer is given, else a repetitive random token stream. Each step
-drafts under the budget, then commits the tree's first root-to-leaf path plus one token, so
-sessions advance as in generation.
+random weights unless ``--draft-model`` names a checkpoint. The context repeats a random 64-token
+motif (so the n-gram drafter finds matches); each step drafts under the budget, then commits the
+motif's next tokens, so sessions advance as in generation.
 """
 
 from __future__ import annotations
@@ -45,11 +44,13 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def bench_one(name, options, draft_model, context, budget, steps, params) -> dict:
+def bench_one(name, options, draft_model, motif, context_len, budget, steps, params) -> dict:
+    """Draft ``steps`` times on a context that repeats ``motif``; each step commits the motif's next tokens."""
     drafter = create_drafter(name, draft_model=draft_model, **options)
-    session = drafter.open(context, params)
+    stream = lambda i: motif[i % len(motif)]  # noqa: E731
+    pos = context_len
+    session = drafter.open([stream(i) for i in range(pos)], params)
     times, nodes = [], []
-    gen = torch.Generator().manual_seed(0)
     for i in range(steps + 3):
         _sync()
         t0 = time.perf_counter()
@@ -58,8 +59,9 @@ def bench_one(name, options, draft_model, context, budget, steps, params) -> dic
         if i >= 3:  # the first steps warm up kernels and caches
             times.append(time.perf_counter() - t0)
             nodes.append(tree.num_nodes)
-        path = tree.path_tokens(tree.leaves()[0])[1:]
-        session.commit(path + [int(torch.randint(0, draft_model.vocab_size, (1,), generator=gen))])
+        advance = 1 + tree.max_depth // 2  # as if half the drafted depth was accepted, plus the bonus
+        session.commit([stream(pos + k) for k in range(advance)])
+        pos += advance
     session.close()
     times.sort()
     return {
@@ -78,11 +80,11 @@ def run(args) -> int:
     else:
         draft = random_init_(StreeLM(ModelConfig(**MAMBA2_130M)), 0).to(device=device, dtype=dtype).eval()
     g = torch.Generator().manual_seed(1)
-    motif = torch.randint(0, draft.vocab_size, (64,), generator=g).tolist()
-    context = (motif * (args.context_len // 64 + 1))[: args.context_len]  # repetitive: n-gram finds matches
+    motif = torch.randint(0, draft.vocab_size, (64,), generator=g).tolist()  # repeated: n-gram finds matches
     budget = DraftBudget(max_nodes=args.max_nodes, max_depth=8, max_width=4)
     params = SamplingParams(temperature=0.0)
-    rows = [bench_one(n, o, draft, context, budget, args.steps, params) for n, o in tqdm(CASES, desc="drafters")]
+    rows = [bench_one(n, o, draft, motif, args.context_len, budget, args.steps, params)
+            for n, o in tqdm(CASES, desc="drafters")]
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     record = {"benchmark": "drafters", "date": date.today().isoformat(), "device": device_name,
               "command": "stree " + " ".join(sys.argv[1:]), "draft_model": args.draft_model or
