@@ -43,8 +43,7 @@ class GatedRMSNorm(nn.Module):
 
     def _norm(self, y: torch.Tensor) -> torch.Tensor:
         g = y.reshape(*y.shape[:-1], -1, self.group_size)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return g.reshape(y.shape)
+        return F.rms_norm(g, (self.group_size,), eps=self.eps).reshape(y.shape)
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         yf, zf = y.float(), z.float()
@@ -109,7 +108,14 @@ class Mamba2Mixer(nn.Module):
         return dt
 
     def _A(self) -> torch.Tensor:
-        return -torch.exp(self.A_log.float())
+        """``A = -exp(A_log)`` in float32, cached until ``A_log`` changes (saves kernels per step)."""
+        if torch.is_grad_enabled() and self.A_log.requires_grad:
+            return -torch.exp(self.A_log.float())
+        key = (self.A_log._version, self.A_log.data_ptr(), self.A_log.device)
+        if getattr(self, "_A_key", None) != key:
+            self._A_cache = -torch.exp(self.A_log.detach().float())
+            self._A_key = key
+        return self._A_cache
 
     def _D(self) -> torch.Tensor:
         # D with a per-channel shape is folded in after the scan (see _finish).
