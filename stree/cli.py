@@ -8,8 +8,14 @@ import sys
 
 # Modules that define ``add_parser(subparsers)``; each registers one or more subcommands.
 COMMAND_MODULES = [
+    "stree.bench_cli",
     "stree.verifier.cli_generate",
     "stree.verifier.cli_init_model",
+    "stree.verifier.cli_demo",
+    "stree.drafter_service.cli_datastore",
+    "stree.drafter_service.cli",
+    "stree.verifier.cli_serve",
+    "stree.verifier.cli_client",
 ]
 
 

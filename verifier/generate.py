@@ -112,8 +112,9 @@ class DecodeSession:
         except Exception as exc:  # a broken drafter costs speed, never output
             why = f"drafter failed: {exc!r}"
         if why is not None:
-            log.warning("drafter skipped for this step: %s", why)
             self.fallbacks += 1
+            if self.fallbacks <= 3 or self.fallbacks % 100 == 0:  # a dead drafter should not flood the log
+                log.warning("drafter skipped for this step (%d so far): %s", self.fallbacks, why)
             return TokenTree.chain([self.root])
         return tree
 
@@ -127,33 +128,28 @@ class DecodeSession:
         self.times.verify_s += time.perf_counter() - t0
         return [token]
 
-    def _tree_step(self, tree: TokenTree) -> list[int]:
+    def _tree_verify(self, tree: TokenTree):
+        """Tree forward + verification; returns the new tokens and the pending model commit."""
         dev = self.model.device
         t0 = time.perf_counter()
         logits, acts = self.model.tree_forward(TreeBatch.from_trees([tree]), self.state)
         result = verify_tree(tree, logits[0, : tree.num_nodes], self.params, self.generator)
-        _sync(dev)
-        t1 = time.perf_counter()
+        self.times.verify_s += time.perf_counter() - t0
         path = result.path
-        self.model.commit(self.state, acts, torch.tensor([path], device=dev), torch.tensor([len(path)], device=dev))
-        _sync(dev)
-        self.times.verify_s += t1 - t0
-        self.times.commit_s += time.perf_counter() - t1
         self.num_draft_tokens += tree.num_nodes - 1
         self.num_accepted_draft_tokens += len(path) - 1
         toks = tree.tokens.tolist()
-        return [toks[i] for i in path[1:]] + [result.bonus_token]
 
-    def step(self) -> list[int]:
-        """Run one draft-verify-commit step; returns the tokens it emitted (empty once done)."""
-        if self.done:
-            return []
-        t0 = time.perf_counter()
-        tree = self._draft()
-        self.times.draft_s += time.perf_counter() - t0
-        new = self._plain_step() if self.drafter is None else self._tree_step(tree)
-        self.steps += 1
-        self.accepted_per_step.append(len(new))
+        def commit() -> None:
+            t1 = time.perf_counter()
+            self.model.commit(self.state, acts, torch.tensor([path], device=dev), torch.tensor([len(path)], device=dev))
+            _sync(dev)
+            self.times.commit_s += time.perf_counter() - t1
+
+        return [toks[i] for i in path[1:]] + [result.bonus_token], commit
+
+    def _emit(self, new: list[int]) -> list[int]:
+        """Append ``new`` to the output up to the token limit or a stop token; sets ``done``."""
         room = self.max_new_tokens - len(self.output)
         emitted = []
         for tok in new[:room]:
@@ -164,14 +160,39 @@ class DecodeSession:
         self.output.extend(emitted)
         if len(self.output) >= self.max_new_tokens:
             self.done = True
+        return emitted
+
+    def _commit_drafter(self, new: list[int]) -> None:
+        t1 = time.perf_counter()
+        try:
+            self.drafter.commit(new)
+        except Exception as exc:
+            log.warning("drafter commit failed (%r); continuing without the drafter", exc)
+            self.drafter = _DeadDrafter()
+        self.times.draft_s += time.perf_counter() - t1
+
+    def step(self) -> list[int]:
+        """Run one draft-verify-commit step; returns the tokens it emitted (empty once done).
+
+        The drafter hears the accepted tokens before the target's commit replay runs, so a
+        remote drafter drafts the next tree while the GPU replays.
+        """
+        if self.done:
+            return []
+        t0 = time.perf_counter()
+        tree = self._draft()
+        self.times.draft_s += time.perf_counter() - t0
+        if self.drafter is None:
+            new, commit = self._plain_step(), None
+        else:
+            new, commit = self._tree_verify(tree)
+        self.steps += 1
+        self.accepted_per_step.append(len(new))
+        emitted = self._emit(new)
         if self.drafter is not None and not self.done:
-            t1 = time.perf_counter()
-            try:
-                self.drafter.commit(new)
-            except Exception as exc:
-                log.warning("drafter commit failed (%r); continuing without the drafter", exc)
-                self.drafter = _DeadDrafter()
-            self.times.commit_s += time.perf_counter() - t1
+            self._commit_drafter(new)
+        if commit is not None and not self.done:
+            commit()
         self.root = new[-1]
         return emitted
 

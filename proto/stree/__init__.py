@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs (package ``stree``; see proto/generate.py)."""
