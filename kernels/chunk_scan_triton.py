@@ -1,0 +1,58 @@
+"""GPU prefill of a Mamba2 layer: mamba_ssm's chunk scan when it is importable, else our Triton kernels.
+
+Our own path treats each chunk of the prompt as a chain tree: the tree-scan kernel (chain mode) gives
+the chunk's outputs from the carried state, and the replay kernel folds the chunk into the state.
+The conv is the tree-conv kernel in chain mode plus the replay kernel's conv-state update.
+References: ``ssd_prefill_ref``, ``conv_prefill_ref``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .replay_triton import replay_conv_chain_triton, replay_ssm_chain_triton
+from .tree_conv_triton import tree_conv1d_triton
+from .tree_scan_triton import tree_scan_triton
+
+CHUNK = 64
+
+
+@functools.lru_cache(maxsize=1)
+def mamba_chunk_scan():
+    """mamba_ssm's ``mamba_chunk_scan_combined``, or None when mamba_ssm cannot be imported."""
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception:  # not installed, or installed without its CUDA extensions
+        return None
+    return mamba_chunk_scan_combined
+
+
+def ssd_prefill_triton(x, dt, A, Bm, Cm, D, ssm_state, chunk_size: int = CHUNK, use_mamba_ssm: bool = True):
+    """``ssd_prefill_ref`` on the GPU: returns ``y`` ``[B, T, H, P]``; ``ssm_state`` becomes the final state."""
+    b, t, h, p = x.shape
+    fn = mamba_chunk_scan() if use_mamba_ssm else None
+    if fn is not None:
+        y, final = fn(x, dt, A, Bm, Cm, chunk_size=chunk_size, D=D, initial_states=ssm_state.float(),
+                      return_final_states=True)
+        ssm_state.copy_(final.to(ssm_state.dtype))
+        return y
+    y = torch.empty_like(x)
+    length = torch.empty(b, dtype=torch.long, device=x.device)
+    for start in range(0, t, chunk_size):
+        sl = slice(start, min(start + chunk_size, t))
+        xc, dtc, Bc = x[:, sl], dt[:, sl], Bm[:, sl]
+        n = xc.shape[1]
+        y[:, sl] = tree_scan_triton(xc, dtc, A, Bc, Cm[:, sl], D, length.new_empty(b, n), ssm_state,
+                                    is_chain=True)
+        replay_ssm_chain_triton(ssm_state, xc, dtc, A, Bc, length.fill_(n))
+    return y
+
+
+def conv_prefill_triton(xBC, conv_state, weight, bias):
+    """``conv_prefill_ref`` on the GPU: ``silu(conv)`` ``[B, T, C]``; ``conv_state`` rolls forward in place."""
+    b, t, c = xBC.shape
+    out = tree_conv1d_triton(xBC, conv_state, weight, bias, None, is_chain=True)
+    replay_conv_chain_triton(conv_state, xBC, torch.full((b,), t, dtype=torch.long, device=xBC.device))
+    return out

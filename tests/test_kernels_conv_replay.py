@@ -1,0 +1,87 @@
+"""Tree conv1d and activation-replay Triton kernels vs their references (CPU interpreter, fp32)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from kernel_trees import padded_batch, rel_err  # noqa: E402
+from stree.kernels.replay import replay_ref  # noqa: E402
+from stree.kernels.replay_triton import replay_triton  # noqa: E402
+from stree.kernels.tree_conv import tree_conv1d_ref  # noqa: E402
+from stree.kernels.tree_conv_triton import tree_conv1d_triton  # noqa: E402
+
+
+@pytest.mark.parametrize("width,with_bias", [(4, True), (2, False), (1, True)])
+def test_tree_conv_matches_reference(width, with_bias):
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("deep", 19), ("star", 6), ("bushy", 11)], gen)
+    b, n = parents.shape
+    c = 40
+    xbc = torch.randn(b, n, c, generator=gen)
+    state = torch.randn(b, c, width - 1, generator=gen)
+    weight = torch.randn(c, width, generator=gen)
+    bias = torch.randn(c, generator=gen) if with_bias else None
+    before = state.clone()
+    out = torch.full_like(xbc, float("nan"))
+    tree_conv1d_triton(xbc, state, weight, bias, parents, out=out)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, tree_conv1d_ref(xbc, state, weight, bias, parents)) < 1e-5
+    assert torch.equal(state, before), "the tree conv must not change the committed state"
+
+
+def test_tree_conv_chain_mode_is_prefill_conv():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("chain", 13)], gen)
+    xbc = torch.randn(1, 13, 24, generator=gen)
+    state = torch.randn(1, 24, 3, generator=gen)
+    weight = torch.randn(24, 4, generator=gen)
+    ref = tree_conv1d_ref(xbc, state, weight, None, parents)
+    assert rel_err(tree_conv1d_triton(xbc, state, weight, None, None, is_chain=True), ref) < 1e-5
+
+
+def _replay_case(gen, parents, paths):
+    b, n = parents.shape
+    h, p, g, s, c, k = 4, 8, 2, 16, 40, 4
+    x = torch.randn(b, n, h, p, generator=gen)
+    dt = torch.rand(b, n, h, generator=gen)
+    A = -torch.rand(h, generator=gen) - 0.1
+    Bm = torch.randn(b, n, g, s, generator=gen)
+    xbc = torch.randn(b, n, c, generator=gen)
+    m = max(len(q) for q in paths) + 2  # padded past every path's length
+    path = torch.tensor([q + [n - 1] * (m - len(q)) for q in paths])
+    path_len = torch.tensor([len(q) for q in paths])
+    ssm0 = torch.randn(b, h, p, s, generator=gen)
+    conv0 = torch.randn(b, c, k - 1, generator=gen)
+    s1, c1, s2, c2 = ssm0.clone(), conv0.clone(), ssm0.clone(), conv0.clone()
+    replay_ref(s1, c1, x, dt, A, Bm, xbc, path, path_len)
+    replay_triton(s2, c2, x, dt, A, Bm, xbc, path, path_len)
+    assert rel_err(s2, s1) < 1e-5
+    assert torch.equal(c2, c1)
+
+
+def test_replay_paths_of_every_length():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("chain", 21), ("binary", 15), ("star", 9)], gen)
+    # a 21-node path (two 16-node chunks), a 4-node path, and the root alone (conv keeps old rows)
+    _replay_case(gen, parents, [list(range(21)), [0, 2, 6, 14], [0]])
+
+
+def test_replay_short_paths_mix_old_and_new_conv_rows():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("bushy", 10), ("deep", 10)], gen)
+    _replay_case(gen, parents, [[0, 3], [0, 1, 2]])
+
+
+def test_replay_rejects_mismatched_shapes():
+    x = torch.zeros(1, 3, 2, 4)
+    with pytest.raises(ValueError, match="ssm_state"):
+        replay_triton(torch.zeros(1, 2, 4, 9), torch.zeros(1, 5, 3), x, torch.zeros(1, 3, 2), torch.zeros(2),
+                      torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 5), torch.zeros(1, 2, dtype=torch.long),
+                      torch.ones(1, dtype=torch.long))
