@@ -17,6 +17,8 @@ _OPS = {
     "conv_prefill": ("chunk_scan:conv_prefill_ref", "chunk_scan_triton:conv_prefill_triton"),
     "tree_attention": ("tree_attention:tree_attention_ref", "tree_attention_triton:tree_attention_triton"),
     "kv_commit": ("tree_attention:kv_commit_ref", "tree_attention_triton:kv_commit_triton"),
+    "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
+    "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
 }
 _CACHE: dict[tuple[str, str], object] = {}
 
@@ -76,3 +78,11 @@ def tree_attention(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None):
 
 def kv_commit(k_cache, v_cache, seqlen, path, path_len):
     return get("kv_commit", k_cache.device)(k_cache, v_cache, seqlen, path, path_len)
+
+
+def add_rmsnorm(x, residual, weight, eps, residual_in_fp32=True):
+    return get("add_rmsnorm", x.device)(x, residual, weight, eps, residual_in_fp32)
+
+
+def gated_rmsnorm(y, z, weight, group_size, eps, norm_before_gate=False):
+    return get("gated_rmsnorm", y.device)(y, z, weight, group_size, eps, norm_before_gate)

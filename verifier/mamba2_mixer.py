@@ -41,17 +41,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.norm_before_gate = norm_before_gate
 
-    def _norm(self, y: torch.Tensor) -> torch.Tensor:
-        g = y.reshape(*y.shape[:-1], -1, self.group_size)
-        return F.rms_norm(g, (self.group_size,), eps=self.eps).reshape(y.shape)
-
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        yf, zf = y.float(), z.float()
-        if self.norm_before_gate:
-            out = self._norm(yf) * self.weight.float() * F.silu(zf)
-        else:
-            out = self._norm(yf * F.silu(zf)) * self.weight.float()
-        return out.to(y.dtype)
+        return ops.gated_rmsnorm(y, z, self.weight, self.group_size, self.eps, self.norm_before_gate)
 
 
 class Mamba2Mixer(nn.Module):

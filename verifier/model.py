@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stree.kernels import ops
 from stree.kernels.backend import capturing
 from stree.kernels.tree_scan import tree_ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
@@ -56,19 +57,23 @@ class Block(nn.Module):
             self.mlp = None
         self.residual_in_fp32 = config.residual_in_fp32
 
-    def run(self, hidden, residual, mix):
-        """``mix(normed)`` is the mixer call for the current mode."""
+    def _add_norm(self, norm: nn.Module, hidden, residual):
+        """Residual add + norm; RMSNorm goes through the fused op (one kernel on the GPU)."""
+        if isinstance(norm, nn.RMSNorm):
+            return ops.add_rmsnorm(hidden, residual, norm.weight, norm.eps, self.residual_in_fp32)
         residual = hidden if residual is None else hidden + residual
         if self.residual_in_fp32:
             residual = residual.float()
-        hidden = mix(self.norm(residual.to(self.norm.weight.dtype)))
-        out = hidden
-        if self.mlp is not None:
-            residual = hidden + residual
-            if self.residual_in_fp32:
-                residual = residual.float()
-            out = self.mlp(self.norm2(residual.to(self.norm2.weight.dtype)))
-        return out, residual
+        return norm(residual.to(norm.weight.dtype)), residual
+
+    def run(self, hidden, residual, mix):
+        """``mix(normed)`` is the mixer call for the current mode."""
+        normed, residual = self._add_norm(self.norm, hidden, residual)
+        hidden = mix(normed)
+        if self.mlp is None:
+            return hidden, residual
+        normed, residual = self._add_norm(self.norm2, hidden, residual)
+        return self.mlp(normed), residual
 
 
 class Backbone(nn.Module):
@@ -156,8 +161,7 @@ class StreeLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
-        residual = hidden + residual
-        h = self.backbone.norm_f(residual.to(self.backbone.norm_f.weight.dtype))
+        h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
         if head is not None:
             return head.logits(h, self.config.vocab_size)
         # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.

@@ -1,0 +1,67 @@
+"""Fused residual-add + RMSNorm and gated grouped RMSNorm in Triton: one launch each, one program per row (group).
+
+References: ``add_rmsnorm_ref``, ``gated_rmsnorm_ref`` in ``norms.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, d, eps,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < d
+    r = tl.load(x_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r += tl.load(r_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(rout_ptr + row * d + cols, r.to(rout_ptr.dtype.element_ty), mask=ok)
+    inv = 1.0 / tl.sqrt(tl.sum(r * r, 0) / d + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, (r * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True):
+    d = x.shape[-1]
+    xf = x.contiguous().view(-1, d)
+    rows = xf.shape[0]
+    out = torch.empty_like(xf)
+    rout = torch.empty(rows, d, device=x.device, dtype=torch.float32 if residual_in_fp32 else x.dtype)
+    res = residual.contiguous().view(-1, d) if residual is not None else xf
+    _add_rmsnorm_kernel[(rows,)](xf, res, weight, out, rout, d, eps, HAS_RES=residual is not None,
+                                 BLOCK=triton.next_power_of_2(d))
+    return out.view(x.shape), rout.view(x.shape)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps,
+                          NORM_BEFORE_GATE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    cols = grp * group_size + tl.arange(0, BLOCK)
+    ok = tl.arange(0, BLOCK) < group_size
+    y = tl.load(y_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = z / (1.0 + tl.exp(-z))
+    g = y if NORM_BEFORE_GATE else y * gate
+    inv = 1.0 / tl.sqrt(tl.sum(g * g, 0) / group_size + eps)
+    out = g * inv * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if NORM_BEFORE_GATE:
+        out = out * gate
+    tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
+    d = y.shape[-1]
+    if d % group_size:
+        raise ValueError(f"gated_rmsnorm: width {d} is not a multiple of group_size {group_size}")
+    yf, zf = y.contiguous().view(-1, d), z.contiguous().view(-1, d)
+    out = torch.empty_like(yf)
+    _gated_rmsnorm_kernel[(yf.shape[0], d // group_size)](
+        yf, zf, weight, out, d, group_size, eps, NORM_BEFORE_GATE=norm_before_gate,
+        BLOCK=triton.next_power_of_2(group_size))
+    return out.view(y.shape)
