@@ -474,78 +474,128 @@ def bench_attention(device, gen, dtype, rows: list) -> None:
 
 
 # ----- (b)/(c) whole model -------------------------------------------------------------------
-def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256) -> None:
+def copy_bandwidth_gbs(device, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), the weight-streaming yardstick."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    stop.record()
+    torch.cuda.synchronize()
+    return 2 * nbytes * 10 / (start.elapsed_time(stop) / 1e3) / 1e9
+
+
+def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int) -> float | None:
+    """mamba_ssm's own MambaLMHeadModel one-token decode step, CUDA-graphed, on the same shape (or None)."""
+    if import_mamba_ssm()[0] is None:
+        return None
     try:
-        from stree.protocols.token_tree import TokenTree, TreeBatch
-        from stree.verifier.config import ModelConfig
-        from stree.verifier.model import StreeLM
-    except ImportError as exc:
-        print(f"model not available ({exc}); skipping whole-model timings", file=sys.stderr)
-        return
+        from mamba_ssm.models.config_mamba import MambaConfig
+        from mamba_ssm.models.mixer_seq_simple import MambaLMHeadModel
+        from mamba_ssm.utils.generation import InferenceParams
+
+        cfg = MambaConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=vocab,
+                          ssm_cfg={"layer": "Mamba2", "use_mem_eff_path": False})
+        model = MambaLMHeadModel(cfg, device="cuda", dtype=dtype).eval()
+        params = InferenceParams(max_seqlen=prompt_len + 64, max_batch_size=1)
+        with torch.no_grad():
+            model(torch.randint(0, vocab, (1, prompt_len), device="cuda"), inference_params=params)
+            params.seqlen_offset = prompt_len
+            tok = torch.randint(0, vocab, (1, 1), device="cuda")
+            ms = graphed_us([lambda: model(tok, inference_params=params, num_last_tokens=1)], reps=20) / 1000
+        del model
+        torch.cuda.empty_cache()
+        return ms
+    except Exception as exc:  # noqa: BLE001 - the baseline is optional; say why it is missing
+        print(f"mamba_ssm decode baseline failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+MODEL_TREE_SIZES = (1, 4, 8, 16, 32, 64)
+
+
+def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256) -> None:
+    """(b) whole model, graphed: verify step (tree forward + LM head, then commit) per tree size, against the
+    weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam."""
+    from stree.drafter_service.beam_search import GraphedBeamSearch
+    from stree.protocols.sampling import SamplingParams
+    from stree.protocols.token_tree import TokenTree, TreeBatch
+    from stree.verifier.checkpoint import random_init_
+    from stree.verifier.config import ModelConfig
+    from stree.verifier.model import StreeLM
+
+    bandwidth = copy_bandwidth_gbs(device)
+    vocab = 50280
     for shape_name in shapes:
         shape = LAYER_SHAPES[shape_name]
-        cfg = ModelConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=50277,
+        ref_ms = mamba_ssm_decode_ms(shape, dtype, vocab, prompt_len)
+        cfg = ModelConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=vocab,
                           ssm_cfg={"layer": "Mamba2"})
         torch.manual_seed(0)
-        with torch.device(device):
-            model = StreeLM(cfg).to(dtype).eval()
-        for blk in model.backbone.layers:  # mamba_ssm-like A and dt ranges rather than the zero init
-            blk.mixer.A_log.data.uniform_(0.0, math.log(16.0))
-            blk.mixer.dt_bias.data.uniform_(-4.0, -2.0)
-        model._check_ids = lambda ids: None  # the id range check syncs with the host; inputs here are valid
-        prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=device)
+        model = random_init_(StreeLM(cfg), 0).to(device=device, dtype=dtype).eval()
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+        prompt = torch.randint(0, vocab, (1, prompt_len), device=device)
         base = model.new_state(1, prompt_len + 512)
         model.prefill(prompt, base)
 
         def add(mode, n, ms, **extra):
             rows.append(dict(section="model", shape=shape_name, mode=mode, nodes=n, ms=round(ms, 4),
-                             anchor_ms=MODEL_ANCHORS_MS.get((shape_name, "decode" if mode == "decode_step" else n)),
-                             **extra))
+                             floor_ms=round(floor_ms, 4), mamba_ssm_decode_ms=ref_ms and round(ref_ms, 4),
+                             anchor_ms=MODEL_ANCHORS_MS.get((shape_name, "decode")), **extra))
 
         state = base.clone()
-        tok = torch.randint(0, cfg.vocab_size, (1,), device=device)
+        tok = torch.randint(0, vocab, (1,), device=device)
         seq0 = state.seqlen.clone()
 
         def decode():
             model.step(tok, state)
             state.seqlen.copy_(seq0)
 
-        add("decode_step", 1, graphed_us([decode], reps=20) / 1000)
-        for tree_name, par in [("root-only", [-1])] + [t for t in BENCH_TREES if t[0] in
-                                                      ("binary-15", "binary-31", "binary-63", "chain-16")]:
-            n = len(par)
-            tree = TokenTree.from_parents(torch.randint(0, cfg.vocab_size, (n,)).tolist(), par)
+        add("decode_step", 1, graphed_us([decode], reps=20) / 1000, weight_gb=round(weight_bytes / 1e9, 3),
+            copy_gbs=round(bandwidth, 1))
+        for n in MODEL_TREE_SIZES:
+            par = complete_binary_parents(n)
+            tree = TokenTree.from_parents(torch.randint(0, vocab, (n,)).tolist(), par)
             trees = TreeBatch.from_trees([tree]).to(device)
+            anc = TreeBatch.from_trees([tree]).ancestor_mask().to(device)
             st = base.clone()
             path_nodes = root_to_leaf_paths(par)[0]
             path = torch.tensor([path_nodes], device=device)
             plen = torch.tensor([len(path_nodes)], device=device)
             holder = {}
+            s0 = st.seqlen.clone()
 
             def tree_fwd():
-                holder["logits"], holder["acts"] = model.tree_forward(trees, st)
+                holder["logits"], holder["acts"] = model.tree_forward(trees, st, anc)
 
             def commit():
-                for blk, s_, a in zip(model.backbone.layers, st.layers, holder["acts"].layers):
-                    blk.mixer.commit(s_, a, path, plen)
+                model.commit(st, holder["acts"], path, plen)
+                st.seqlen.copy_(s0)
 
             t_fwd = graphed_us([tree_fwd], reps=20) / 1000
             tree_fwd()
             t_commit = graphed_us([commit], reps=20) / 1000
-            add("tree_forward", n, t_fwd, tree=tree_name)
-            add("commit", n, t_commit, tree=tree_name, path_len=len(path_nodes))
-            add("verify_step", n, t_fwd + t_commit, tree=tree_name)
-        if shape_name == "130m":  # (c) the draft beam: one batched step over the frontier
-            for width in (1, 4, 8):
-                st = base.select(torch.zeros(width, dtype=torch.long, device=device))
-                toks = torch.randint(0, cfg.vocab_size, (width,), device=device)
-                s0 = st.seqlen.clone()
-
-                def beam_step():
-                    model.step(toks, st)
-                    st.seqlen.copy_(s0)
-
-                add("draft_beam_step", width, graphed_us([beam_step], reps=20) / 1000, beam_width=width)
+            add("tree_forward", n, t_fwd, tree=f"binary-{n}")
+            add("commit", n, t_commit, tree=f"binary-{n}", path_len=len(path_nodes))
+            add("verify_step", n, t_fwd + t_commit, tree=f"binary-{n}")
+        if shape_name == "130m":  # (c) the draft model's depth-4 width-3 beam draft, all in one graph
+            beam = GraphedBeamSearch(model, 4, 3, SamplingParams())
+            beam(base, 7)
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                beam(base, 7)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            add("draft_beam_4x3", 12, 1e3 * times[len(times) // 2], note="one CUDA graph, incl. state copy-in")
         model = base = state = None  # free this shape's weights before the next
         torch.cuda.empty_cache()
         flush()
@@ -583,12 +633,15 @@ def plot(rows: list[dict], path: Path) -> None:
         if pts:
             ax.plot([r["nodes"] for r in pts if r["mode"] == "verify_step"],
                     [r["ms"] for r in pts if r["mode"] == "verify_step"], "o-", label=f"{shape_name} verify step")
-            dec = [r["ms"] for r in pts if r["mode"] == "decode_step"]
+            dec = [r for r in pts if r["mode"] == "decode_step"]
             if dec:
-                ax.axhline(dec[0], ls="--", lw=1, color="gray")
+                ax.axhline(dec[0]["ms"], ls="--", lw=1, color="gray")
+                ax.axhline(dec[0]["floor_ms"], ls=":", lw=1, color="black")
+                if dec[0].get("mamba_ssm_decode_ms"):
+                    ax.axhline(dec[0]["mamba_ssm_decode_ms"], ls="-.", lw=1, color="red")
     ax.set_xlabel("tree nodes")
     ax.set_ylabel("ms (CUDA graph)")
-    ax.set_title("whole model: tree forward + commit (dashed: decode step)")
+    ax.set_title("verify step (dashed: our decode, dash-dot: mamba_ssm decode, dotted: HBM floor)", fontsize=8)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -665,7 +718,8 @@ def print_summary(rows: list[dict]) -> None:
         elif r.get("section") == "attention":
             print(f"attn n={r['nodes']:3} seqlen={r.get('seqlen', '-')!s:5} {r['impl']:22} {r['us']:9.2f} us")
         elif r.get("section") == "model":
-            print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} {r['ms']:8.3f} ms anchor {r.get('anchor_ms')}")
+            print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} {r['ms']:8.3f} ms  floor {r['floor_ms']:.3f}"
+                  f"  mamba_ssm decode {r.get('mamba_ssm_decode_ms')}  (DESIGN anchor {r.get('anchor_ms')})")
 
 
 def add_parser(sub) -> None:
