@@ -39,3 +39,17 @@ async def set_serving(servicer, service_names: Sequence[str], serving: bool = Tr
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ["", *service_names]:
         await servicer.set(name, status)
+
+
+async def start_server(bind: str, port: int, add_servicer, service_name: str):
+    """An aio server with ``add_servicer(server)`` plus health (NOT_SERVING until the caller is ready)
+    and reflection, bound and started; returns ``(server, health, bound_port)``."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    add_servicer(server)
+    health = add_health_and_reflection(server, [service_name])
+    await set_serving(health, [service_name], serving=False)
+    bound = server.add_insecure_port(f"{bind}:{port}")
+    if not bound:
+        raise ValueError(f"cannot listen on {bind}:{port}")
+    await server.start()
+    return server, health, bound

@@ -12,7 +12,7 @@ import grpc
 
 from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc
 
-from .grpc_support import SERVER_OPTIONS, add_health_and_reflection, set_serving
+from .grpc_support import set_serving, start_server
 from .pool import DrafterHost, PoolConfig
 from .session import SessionAborted, StreamSession
 
@@ -68,14 +68,9 @@ class DrafterServer:
 
     async def start(self) -> None:
         """Bind, start the drafters named up front, then report SERVING."""
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self.servicer, self.server)
-        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
-        await set_serving(self.health, [SERVICE_NAME], serving=False)  # until everything below is ready
-        self.port = self.server.add_insecure_port(f"{self.bind}:{self.requested_port}")
-        if not self.port:
-            raise ValueError(f"cannot listen on {self.bind}:{self.requested_port}")
-        await self.server.start()
+        self.server, self.health, self.port = await start_server(  # health: NOT_SERVING until ready
+            self.bind, self.requested_port,
+            lambda srv: drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self.servicer, srv), SERVICE_NAME)
         for name in self.preload:
             await self.host.pool(name)
         await set_serving(self.health, [SERVICE_NAME])

@@ -7,15 +7,7 @@ import sys
 
 from stree.protocols.drafter import DraftBudget
 
-
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--prompt-ids wants comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise ValueError("--prompt-ids is empty")
-    return ids
+from .cli_generate import parse_prompt_ids
 
 
 def run_generate(args) -> int:
@@ -32,7 +24,7 @@ def _generate(args) -> int:
     from .client import Client
 
     kwargs = dict(
-        prompt=args.prompt, prompt_ids=_ids(args.prompt_ids) if args.prompt_ids else None,
+        prompt=args.prompt, prompt_ids=parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_id, drafter=args.drafter or "",
         ignore_eos=args.ignore_eos,

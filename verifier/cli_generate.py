@@ -16,7 +16,8 @@ from .tokenizer import eos_token_id, load_tokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _ids(text: str) -> list[int]:
+def parse_prompt_ids(text: str) -> list[int]:
+    """``--prompt-ids 1,2,3`` as a non-empty list of ints (ValueError otherwise)."""
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -28,7 +29,7 @@ def _ids(text: str) -> list[int]:
 
 def prompt_ids_from_args(args, tokenizer) -> list[int]:
     if args.prompt_ids is not None:
-        return _ids(args.prompt_ids)
+        return parse_prompt_ids(args.prompt_ids)
     if tokenizer is None:
         raise ValueError(f"{args.model_dir} has no tokenizer.json: pass --prompt-ids instead of --prompt")
     ids = tokenizer.encode(args.prompt).ids

@@ -19,7 +19,7 @@ from typing import Optional
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from stree.drafter_service.grpc_support import SERVER_OPTIONS, add_health_and_reflection, set_serving
+from stree.drafter_service.grpc_support import set_serving, start_server
 from stree.drafter_service.wire import budget_from_pb, sampling_from_pb
 from stree.proto.stree.v1 import generation_pb2, generation_pb2_grpc
 from stree.protocols.drafter import DraftBudget, Drafter
@@ -431,14 +431,9 @@ class GenerationServer:
         return self.servicer.active
 
     async def start(self) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        generation_pb2_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
-        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
-        await set_serving(self.health, [SERVICE_NAME], serving=False)  # until everything below is ready
-        self.port = self.server.add_insecure_port(f"{self.bind}:{self.requested_port}")
-        if not self.port:
-            raise ValueError(f"cannot listen on {self.bind}:{self.requested_port}")
-        await self.server.start()
+        self.server, self.health, self.port = await start_server(  # health: NOT_SERVING until ready
+            self.bind, self.requested_port,
+            lambda srv: generation_pb2_grpc.add_GenerationServiceServicer_to_server(self.servicer, srv), SERVICE_NAME)
         if self.metrics_port is not None:
             from prometheus_client import start_http_server
 
