@@ -61,7 +61,16 @@ class MambaDraftSession(ContextSession):
         self.graphs = drafter.cuda_graphs and self.model.device.type == "cuda" and not self.model.config.attn_layer_idx
         self.drafter = drafter
         dev = self.model.device
-        self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
+        # on CUDA the draft model's one-token step replays a graph over this session's own state, so
+        # committing accepted tokens costs a few microseconds per token instead of an eager prefill
+        self.runner = None
+        if drafter.cuda_graphs and dev.type == "cuda":
+            from stree.verifier.cuda_graphs import GraphedLM
+
+            self.runner = GraphedLM(self.model, 1, len(self.context) + drafter.max_seqlen)
+            self.state = self.runner.state
+        else:
+            self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
         if len(self.context) > 1:
             self.model.prefill(torch.tensor([self.context[:-1]], device=dev), self.state)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)))
@@ -72,11 +81,16 @@ class MambaDraftSession(ContextSession):
         if not tokens:
             return
         feed = [self.context[-1]] + tokens[:-1]
-        self.model.prefill(torch.tensor([feed], device=self.model.device), self.state)
+        if self.runner is not None:
+            for tok in feed:
+                self.runner.step(torch.tensor([tok]), self.state)
+        else:
+            self.model.prefill(torch.tensor([feed], device=self.model.device), self.state)
         super().commit(tokens)
 
     def close(self) -> None:
         self.state = None
+        self.runner = None
         super().close()
 
     # ----- drafting -----------------------------------------------------------------------------
@@ -87,10 +101,13 @@ class MambaDraftSession(ContextSession):
         kind = self.shape.kind
         if budget.max_nodes < 2 or budget.max_depth < 1:
             return self.root_only()
+        if kind == "chain" and self.params.greedy and self.graphs:
+            # a greedy chain is a one-beam beam search: the same tokens, drafted in one graph replay
+            return self._draft_beam(budget, depth=len(self.shape.widths), beams=1)
         if kind in ("chain", "static"):
             return self._draft_static(budget)
         if kind == "beam":
-            return self._draft_beam(budget)
+            return self._draft_beam(budget, self.shape.depth, self.shape.beams)
         return self._draft_dynamic(budget)
 
     def _draft_static(self, budget: DraftBudget) -> TokenTree:
@@ -130,10 +147,10 @@ class MambaDraftSession(ContextSession):
             probs[node] = row
         return TokenTree(tokens, parents, draft_probs=probs, mode=DraftMode.WITHOUT_REPLACEMENT)
 
-    def _draft_beam(self, budget: DraftBudget) -> TokenTree:
+    def _draft_beam(self, budget: DraftBudget, depth: int, beams: int) -> TokenTree:
         """STree's beam tree: D steps of beam search with M beams; every beam token becomes a node."""
-        beams = min(self.shape.beams, budget.max_width)
-        depth = min(self.shape.depth, budget.max_depth)
+        beams = min(beams, budget.max_width)
+        depth = min(depth, budget.max_depth)
         root = self.context[-1]
         if self.graphs:
             cache = self.drafter.graphed_beams  # shared by the drafter's sessions: captured once

@@ -41,7 +41,7 @@ def ssd_prefill_ref(
     """Chunked SSD; returns ``y`` ``[B, T, H, P]``."""
     nheads = x.shape[2]
     T = x.shape[1]
-    state = ssm_state.float()
+    state = ssm_state.float().clone()  # a copy: ssm_state is overwritten below, after autograd saved state
     Af = A.float()
     ys = []
     for start in range(0, T, chunk_size):

@@ -12,6 +12,8 @@ BENCH_MODULES = [
     "stree.kernels.bench_kernels",
     "stree.drafter_service.bench_drafters",
     "stree.drafter_service.bench_rpc",
+    "stree.verifier.bench_e2e",
+    "stree.verifier.bench_oracle",
 ]
 
 

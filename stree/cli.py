@@ -12,6 +12,7 @@ COMMAND_MODULES = [
     "stree.verifier.cli_generate",
     "stree.verifier.cli_init_model",
     "stree.verifier.cli_demo",
+    "stree.training.cli_train",
     "stree.drafter_service.cli_datastore",
     "stree.drafter_service.cli",
     "stree.verifier.cli_serve",

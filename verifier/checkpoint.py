@@ -125,15 +125,21 @@ def save_model(model: StreeLM, out_dir: str | os.PathLike, tokenizer=None, fmt: 
     return out
 
 
-def random_init_(model: StreeLM, seed: int) -> StreeLM:
-    """Initialise like mamba_ssm: A in [1, 16], dt in [1e-3, 1e-1] log-uniform, D = 1, small normal embeddings."""
-    g = torch.Generator().manual_seed(seed)
+def random_init_(model: StreeLM, seed: int, rescale_residual: bool = False) -> StreeLM:
+    """Initialise like mamba_ssm: A in [1, 16], dt in [1e-3, 1e-1] log-uniform, D = 1, small normal embeddings.
+
+    Runs on the model's device. ``rescale_residual`` divides each block's output projection by
+    sqrt(n_layer), as mamba_ssm's ``rescale_prenorm_residual`` does.
+    """
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("A_log"):
-                p.copy_(torch.log(torch.empty(p.shape).uniform_(1.0, 16.0, generator=g)))
+                p.copy_(torch.log(torch.empty(p.shape, device=dev).uniform_(1.0, 16.0, generator=g)))
             elif name.endswith("dt_bias"):
-                dt = torch.exp(torch.rand(p.shape, generator=g) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+                u = torch.rand(p.shape, generator=g, device=dev)
+                dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
                 p.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
             elif name.endswith(".D") or "norm" in name:
                 p.fill_(1.0)
@@ -144,6 +150,8 @@ def random_init_(model: StreeLM, seed: int) -> StreeLM:
             elif p.dim() >= 2:
                 fan_in = p.shape[1] * (p.shape[2] if p.dim() > 2 else 1)
                 p.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in), generator=g)
+                if rescale_residual and name.endswith("out_proj.weight"):
+                    p.div_(math.sqrt(model.config.n_layer))
     return model
 
 

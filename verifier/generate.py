@@ -100,6 +100,8 @@ class DecodeSession:
         self.started = time.perf_counter()
         if len(prompt) > 1:
             model.prefill(torch.tensor([prompt[:-1]], device=model.device), self.state)
+            _sync(model.device)
+        self.prefill_s = time.perf_counter() - self.started
         self.root = prompt[-1]
 
     # ----- one step ---------------------------------------------------------------------------
@@ -218,7 +220,9 @@ class DecodeSession:
             "new_tokens": n,
             "mean_accepted_length": (sum(self.accepted_per_step) / self.steps) if self.steps else 0.0,
             "tokens_per_s": n / elapsed if elapsed > 0 else 0.0,
+            "decode_tokens_per_s": n / (elapsed - self.prefill_s) if elapsed > self.prefill_s else 0.0,
             "elapsed_s": elapsed,
+            "prefill_s": self.prefill_s,
             "draft_s": self.times.draft_s,
             "verify_s": self.times.verify_s,
             "commit_s": self.times.commit_s,

