@@ -15,6 +15,7 @@ import torch
 
 from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import TokenTree
+from stree.verifier.cuda_graphs import capture_graph
 
 
 def draft_log_q(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -29,6 +30,14 @@ def _reorder_rows_(state, rows: torch.Tensor) -> None:
         for t in vars(layer).values():
             t.copy_(t.index_select(0, rows))
     state.seqlen.copy_(state.seqlen.index_select(0, rows))
+
+
+def copy_state_(dst, src) -> None:
+    """Copy a state into another in place; a batch-1 ``src`` fills every row of ``dst``."""
+    for d, s in zip(dst.layers, src.layers):
+        for name, t in vars(d).items():
+            t.copy_(getattr(s, name).expand_as(t))
+    dst.seqlen.copy_(src.seqlen.expand_as(dst.seqlen))
 
 
 def beam_search(model, state, root: torch.Tensor, depth: int, params: SamplingParams, head=None):
@@ -88,31 +97,15 @@ class GraphedBeamSearch:
         self.graph = None
         self.out = None
 
-    def _fill(self) -> None:
-        for w, s in zip(self.work.layers, self.src.layers):
-            for name, t in vars(w).items():
-                t.copy_(getattr(s, name).expand_as(t))
-        self.work.seqlen.copy_(self.src.seqlen.expand_as(self.work.seqlen))
-
     def _run(self):
-        self._fill()
+        copy_state_(self.work, self.src)
         return beam_search(self.model, self.work, self.root, self.depth, self.params, self.head)
 
     def __call__(self, state, root: int):
         """Beam tensors for a session whose committed ``state`` (batch 1) precedes token ``root``."""
-        for s, c in zip(self.src.layers, state.layers):
-            for name, t in vars(s).items():
-                t.copy_(getattr(c, name))
-        self.src.seqlen.copy_(state.seqlen)
+        copy_state_(self.src, state)
         self.root.fill_(root)
         if self.graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._run()
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._run()
+            self.graph, self.out = capture_graph(self._run)
         self.graph.replay()
         return self.out

@@ -2,32 +2,27 @@
 
 The session keeps the draft model's own state in step with the accepted tokens (it has fed every
 context token but the last). Each draft level is one batched ``step`` over the frontier; leaves are
-never fed. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
+never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
 draw children without replacement (Gumbel-top-k) from the warped draft distribution and carry it,
 so verification stays lossless. Beam and dynamic trees are deterministic at every temperature.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 import torch
 
 from stree.protocols.drafter import ContextSession, DraftBudget
-from stree.protocols.sampling import SamplingParams, warp_logits
-from stree.protocols.token_tree import DraftMode, TokenTree
+from stree.protocols.sampling import SamplingParams
+from stree.protocols.token_tree import TokenTree
 
 from .beam_search import GraphedBeamSearch, beam_search, draft_log_q, to_tree
+from .static_tree_search import GraphedStaticTree, draw_uniforms, frontier_sizes, static_tree_search, to_static_tree
 from .tree_shapes import TreeShape
 
-
-def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
-    """``k`` successive draws without replacement from ``probs`` (fewer if its support is smaller)."""
-    support = int((probs > 0).sum())
-    k = min(k, support)
-    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
-    keys = torch.log(probs.double().cpu()) - torch.log(-torch.log(u))
-    return torch.topk(keys, k).indices.tolist()
+log = logging.getLogger(__name__)
 
 
 class MambaDrafter:
@@ -46,6 +41,8 @@ class MambaDrafter:
         self.head = draft_model.trimmed_head(vocab_keep) if vocab_keep is not None else None
         self.cuda_graphs = cuda_graphs
         self.graphed_beams: dict = {}
+        self.graphed_static: dict = {}
+        self.static_graphs_failed = False
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
         return MambaDraftSession(self, prompt_ids, params)
@@ -101,9 +98,6 @@ class MambaDraftSession(ContextSession):
         kind = self.shape.kind
         if budget.max_nodes < 2 or budget.max_depth < 1:
             return self.root_only()
-        if kind == "chain" and self.params.greedy and self.graphs:
-            # a greedy chain is a one-beam beam search: the same tokens, drafted in one graph replay
-            return self._draft_beam(budget, depth=len(self.shape.widths), beams=1)
         if kind in ("chain", "static"):
             return self._draft_static(budget)
         if kind == "beam":
@@ -111,41 +105,35 @@ class MambaDraftSession(ContextSession):
         return self._draft_dynamic(budget)
 
     def _draft_static(self, budget: DraftBudget) -> TokenTree:
-        params = self.params
-        tokens, parents = [self.context[-1]], [-1]
-        q_rows: dict[int, torch.Tensor] = {}
-        frontier, state = [0], self.state.clone()
-        widths = [min(w, budget.max_width) for w in self.shape.widths[: budget.max_depth]]
-        for w in widths:
-            if len(tokens) >= budget.max_nodes:
-                break
-            logits = self._step([tokens[f] for f in frontier], state)
-            if not params.greedy:
-                q = warp_logits(logits, params).cpu()
-            new_frontier, rows = [], []
-            for r, f in enumerate(frontier):
-                if params.greedy:
-                    picks = torch.topk(logits[r], w).indices.tolist()
-                else:
-                    q_rows[f] = q[r]
-                    picks = gumbel_top_k(q[r], w, self.generator)
-                for t in picks:
-                    if len(tokens) >= budget.max_nodes:
-                        break
-                    tokens.append(int(t))
-                    parents.append(f)
-                    new_frontier.append(len(tokens) - 1)
-                    rows.append(r)
-            if not new_frontier:
-                break
-            frontier = new_frontier
-            state = state.select(torch.tensor(rows, device=self.model.device))
-        if params.greedy or len(tokens) == 1:
-            return TokenTree(tokens, parents)
-        probs = torch.zeros(len(tokens), self.model.vocab_size)
-        for node, row in q_rows.items():
-            probs[node] = row
-        return TokenTree(tokens, parents, draft_probs=probs, mode=DraftMode.WITHOUT_REPLACEMENT)
+        """Chain and static trees: every frontier node's top-W_d children (Gumbel-top-k when sampling)."""
+        widths = tuple(min(w, budget.max_width) for w in self.shape.widths[: budget.max_depth])
+        root = self.context[-1]
+        uniforms = None
+        if not self.params.greedy:
+            batch = max(frontier_sizes(widths)[:-1])
+            uniforms = draw_uniforms(len(widths), batch, self.model.vocab_size, self.generator)
+        graphed = None
+        if self.graphs and not self.drafter.static_graphs_failed:
+            cache = self.drafter.graphed_static  # shared by the drafter's sessions: captured once
+            warp = SamplingParams(self.params.temperature, self.params.top_k, self.params.top_p)  # no seed
+            key = (widths, warp)
+            try:
+                if key not in cache:
+                    cache[key] = GraphedStaticTree(self.model, widths, warp, self.head)
+                graphed = cache[key](self.state, root, uniforms)
+            except Exception as exc:  # noqa: BLE001 - a capture failure costs speed, never output
+                log.warning("static draft graph failed (%r); drafting eagerly from now on", exc)
+                self.drafter.static_graphs_failed = True
+                cache.pop(key, None)
+        if graphed is not None:
+            tokens, q_rows = graphed
+        else:
+            dev = self.model.device
+            work = self.state.select(torch.zeros(max(frontier_sizes(widths)[:-1]), dtype=torch.long, device=dev))
+            tokens, q_rows = static_tree_search(self.model, work, torch.tensor([root], device=dev), widths,
+                                                self.params, self.head,
+                                                None if uniforms is None else uniforms.to(dev))
+        return to_static_tree(root, widths, tokens, q_rows, budget.max_nodes, self.model.vocab_size)
 
     def _draft_beam(self, budget: DraftBudget, depth: int, beams: int) -> TokenTree:
         """STree's beam tree: D steps of beam search with M beams; every beam token becomes a node."""

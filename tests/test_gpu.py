@@ -75,3 +75,22 @@ def test_graphed_beam_draft_equals_eager_beam_draft(gpu_models):
         got.append(session.draft(budget))
         trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
     assert trees[0] == trees[1]
+
+
+@pytest.mark.parametrize("spec, temperature", [("chain:4", 0.0), ("static:3,2,1", 0.0), ("chain:4", 1.0),
+                                               ("static:3,1,1,1", 1.0)])
+def test_graphed_static_draft_equals_eager_static_draft(gpu_models, spec, temperature):
+    from stree import DraftBudget, SamplingParams
+    from stree.drafter_service.mamba_drafter import MambaDrafter
+
+    draft = _load(gpu_models["draft"], torch.float32)
+    budget = DraftBudget(max_nodes=64, max_depth=8, max_width=8)
+    params = SamplingParams(temperature=temperature, seed=3)
+    trees = []
+    for graphs in (True, False):
+        session = MambaDrafter(draft, spec, cuda_graphs=graphs).open(list(range(3, 40)), params)
+        got = [session.draft(budget)]
+        session.commit([7, 8, 9])
+        got.append(session.draft(budget))
+        trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
+    assert trees[0] == trees[1]

@@ -223,7 +223,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Speedup over plain decoding per method (bars), one panel per temperature, grouped by prompt set."""
+    """Per temperature: speedup over plain decoding (top) and mean accepted length τ (bottom), per method and set."""
     try:
         import matplotlib
 
@@ -236,18 +236,22 @@ def plot(rows: list[dict], path: Path) -> None:
     sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
     methods = [m for m in dict.fromkeys(r["method"] for r in rows)
                if any(x["method"] == m and "speedup_vs_plain" in x for x in rows)]
-    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 7), squeeze=False)
     width = 0.8 / max(1, len(methods))
-    for ax, t in zip(axes[0], temps):
-        for j, m in enumerate(methods):
-            vals = [next((r.get("speedup_vs_plain", 0) for r in rows if r["method"] == m and r["prompt_set"] == s
-                          and r["temperature"] == t), 0) for s in sets]
-            ax.bar([i + j * width for i in range(len(sets))], vals, width, label=m)
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))])
-        ax.set_xticklabels(sets)
-        ax.set_title(f"temperature {t}: decode speedup over plain decoding", fontsize=9)
+    for col, t in enumerate(temps):
+        for row, (key, label) in enumerate((("speedup_vs_plain", "decode speedup over plain decoding"),
+                                            ("mean_accepted_length", "mean accepted length τ (bonus included)"))):
+            ax = axes[row][col]
+            for j, m in enumerate(methods):
+                vals = [next((r.get(key) or 0 for r in rows if r["method"] == m and r["prompt_set"] == s
+                              and r["temperature"] == t), 0) for s in sets]
+                ax.bar([i + j * width for i in range(len(sets))], vals, width, label=m)
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))])
+            ax.set_xticklabels(sets)
+            ax.set_title(f"temperature {t}: {label}", fontsize=9)
     axes[0][0].set_ylabel("x plain decoding (tokens/s)")
+    axes[1][0].set_ylabel("tokens per target pass")
     axes[0][-1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -144,7 +144,35 @@ def run(args) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2))
+        plot(record, Path(args.out).with_suffix(".png"))
     return 0
+
+
+def plot(record: dict, path: Path) -> None:
+    """Tokens/s against measured τ, one line per tree size, with mamba_ssm's decode and our plain decoding."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    rows = record["rows"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for method in dict.fromkeys(r["method"] for r in rows if r["method"].startswith("oracle")):
+        pts = sorted((r["tau"], r["decode_tokens_per_s"]) for r in rows if r["method"] == method)
+        ax.plot(*zip(*pts), "o-", label=method.replace("oracle-", "oracle "))
+    for r, style in ((r, s) for r in rows for m, s in (("plain", ":"), ("mamba_ssm_graphed_decode", "--"))
+                     if r["method"] == m and r.get("decode_tokens_per_s")):
+        ax.axhline(r["decode_tokens_per_s"], ls=style, color="gray", label=r["method"])
+    ax.set_xlabel("measured mean accepted length τ")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"{record['shape']} shape, {record['dtype']}, {record['device']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def print_table(record: dict) -> None:

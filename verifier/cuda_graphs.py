@@ -21,6 +21,20 @@ from .model import LMState, StreeLM, TreeActs
 TREE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def capture_graph(fn: Callable, warmup: int = 1):
+    """``(graph, outputs)``: ``fn`` run ``warmup`` times on a side stream (real runs), then captured once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def bucket_for(n: int, buckets=TREE_BUCKETS) -> int:
     for b in buckets:
         if n <= b:
@@ -91,17 +105,9 @@ class GraphedLM:
             raise ValueError("GraphedLM only runs on the state returned by its new_state()")
 
     def _capture(self, fn: Callable):
-        """Warm up on a side stream, capture, then put the state back as it was."""
+        """Capture ``fn``, then put the state back as it was before the warm-up runs."""
         snapshot = self.state.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
+        graph, out = capture_graph(fn, warmup=2)
         self._copy_state(self.state, snapshot)
         return graph, out
 
