@@ -18,7 +18,7 @@ BENCH_MODULES = [
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, end to end, rpc)")
+    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, rpc)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:
