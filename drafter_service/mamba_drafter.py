@@ -2,7 +2,8 @@
 
 The session keeps the draft model's own state in step with the accepted tokens (it has fed every
 context token but the last). Each draft level is one batched ``step`` over the frontier; leaves are
-never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
+never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each
+commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
 draw children without replacement (Gumbel-top-k) from the warped draft distribution and carry it,
 so verification stays lossless. Beam and dynamic trees are deterministic at every temperature.
 """
@@ -108,9 +109,9 @@ class MambaDraftSession(ContextSession):
         """Chain and static trees: every frontier node's top-W_d children (Gumbel-top-k when sampling)."""
         widths = tuple(min(w, budget.max_width) for w in self.shape.widths[: budget.max_depth])
         root = self.context[-1]
+        batch = max(frontier_sizes(widths)[:-1])  # draft-state rows: the widest level that is fed
         uniforms = None
         if not self.params.greedy:
-            batch = max(frontier_sizes(widths)[:-1])
             uniforms = draw_uniforms(len(widths), batch, self.model.vocab_size, self.generator)
         graphed = None
         if self.graphs and not self.drafter.static_graphs_failed:
@@ -129,7 +130,7 @@ class MambaDraftSession(ContextSession):
             tokens, q_rows = graphed
         else:
             dev = self.model.device
-            work = self.state.select(torch.zeros(max(frontier_sizes(widths)[:-1]), dtype=torch.long, device=dev))
+            work = self.state.select(torch.zeros(batch, dtype=torch.long, device=dev))
             tokens, q_rows = static_tree_search(self.model, work, torch.tensor([root], device=dev), widths,
                                                 self.params, self.head,
                                                 None if uniforms is None else uniforms.to(dev))

@@ -97,27 +97,18 @@ class OracleSession(ContextSession):
             parents.append(d)
         tokens.append(self._wrong(future[k]))  # a wrong token below it stops acceptance at depth k
         parents.append(k)
-        right_child = {d: future[d] for d in range(k + 1)}  # node d's right child token
+        depths = list(range(k + 2))  # the right chain is nodes 0..k (node d at depth d), then the wrong node
         children = [1] * (k + 1) + [0]
         tries = 0
         while len(tokens) < nodes and tries < 64 * nodes:  # wrong siblings anywhere, within the budget
             tries += 1
             parent = self.rng.randrange(len(tokens))
-            if children[parent] >= budget.max_width:
+            if children[parent] >= budget.max_width or depths[parent] >= budget.max_depth:
                 continue
-            depth = 0 if parent == 0 else (parent if parent <= k else None)
-            if depth is None:  # below a wrong node: any token
-                p, depth = parent, 1
-                while parents[p] != -1:
-                    p, depth = parents[p], depth + 1
-                if depth >= budget.max_depth:
-                    continue
-                tokens.append(self.rng.randrange(self.d.vocab_size))
-            else:
-                if depth + 1 > budget.max_depth:
-                    continue
-                tokens.append(self._wrong(right_child[depth]))
+            # below a chain node d anything but its right child future[d]; below a wrong node, any token
+            tokens.append(self._wrong(future[parent]) if parent <= k else self.rng.randrange(self.d.vocab_size))
             parents.append(parent)
+            depths.append(depths[parent] + 1)
             children[parent] += 1
             children.append(0)
         return TokenTree(tokens, parents)

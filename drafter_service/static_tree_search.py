@@ -16,7 +16,6 @@ import torch
 
 from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree
-
 from stree.verifier.cuda_graphs import capture_graph
 
 from .beam_search import _reorder_rows_, copy_state_

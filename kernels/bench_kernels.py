@@ -123,18 +123,9 @@ def import_mamba_ssm():
 # ----- timing --------------------------------------------------------------------------------
 def graphed_us(calls, reps: int = 30) -> float:
     """Median microseconds per call of ``calls`` (one list entry per input set) replayed in one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+    from stree.verifier.cuda_graphs import capture_graph
+
+    graph, _ = capture_graph(lambda: [c() for c in calls], warmup=2)
     graph.replay()
     torch.cuda.synchronize()
     times = []

@@ -45,6 +45,21 @@ def _as_long_1d(values, name: str) -> torch.Tensor:
     return t.to(torch.long).cpu()
 
 
+def _ancestor_masks(parents: np.ndarray) -> np.ndarray:
+    """``[B, N, N]`` bool from ``[B, N]`` parents (``parent[i] < i``): row i = row parent(i) plus i.
+
+    numpy rows, one per node: far cheaper than torch indexing on every draft step.
+    """
+    b, n = parents.shape
+    mask = np.zeros((b, n, n), dtype=bool)
+    ar = np.arange(b)
+    mask[:, 0, 0] = True
+    for i in range(1, n):
+        mask[:, i] = mask[ar, parents[:, i]]
+        mask[:, i, i] = True
+    return mask
+
+
 @dataclass(frozen=True, eq=False)
 class TokenTree:
     """Tokens plus parent indices of a speculation tree (``parents[0] == -1``, ``parents[i] < i``).
@@ -156,14 +171,7 @@ class TokenTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """``L[i, j] = True`` iff j is i or an ancestor of i (the tree attention mask)."""
-        n = self.num_nodes
-        mask = np.zeros((n, n), dtype=bool)  # numpy rows: far cheaper than torch indexing per node
-        plist = self.parents.tolist()
-        for i in range(n):
-            if i:
-                mask[i] = mask[plist[i]]
-            mask[i, i] = True
-        return torch.from_numpy(mask)
+        return torch.from_numpy(_ancestor_masks(self.parents.numpy()[None])[0])
 
     def position_ids(self, offset: int = 0) -> torch.Tensor:
         """Position of each node when the committed sequence has ``offset`` tokens."""
@@ -262,15 +270,7 @@ class TreeBatch:
 
     def ancestor_mask(self) -> torch.Tensor:
         """``[B, N, N]`` bool: node j is i or an ancestor of i."""
-        b, n = self.tokens.shape
-        mask = np.zeros((b, n, n), dtype=bool)
-        ar = np.arange(b)
-        par = self.parents.cpu().numpy()
-        mask[:, 0, 0] = True
-        for i in range(1, n):
-            mask[:, i] = mask[ar, par[:, i]]
-            mask[:, i, i] = True
-        return torch.from_numpy(mask)
+        return torch.from_numpy(_ancestor_masks(self.parents.cpu().numpy()))
 
     def to(self, device) -> "TreeBatch":
         return TreeBatch(

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import torch
 
+from stree.verifier.cli_init_model import parse_layer_list
+
 from .corpus import DEFAULT_PACKAGES, build_corpus
 from .train import LOG_FILE, PLOT_FILE, Shape, TrainConfig, plot_losses, train_pair
-
-
-def _layers(text: str) -> tuple:
-    return tuple(int(i) for i in text.split(",") if i.strip()) if text else ()
 
 
 def train_command(args) -> int:
@@ -26,7 +24,7 @@ def train_command(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TrainConfig(
         out=args.out, vocab_size=args.vocab_size,
-        target=Shape(args.target_d_model, args.target_layers, _layers(args.target_attn_layers),
+        target=Shape(args.target_d_model, args.target_layers, tuple(parse_layer_list(args.target_attn_layers, "--target-attn-layers")),
                      args.d_state, args.headdim),
         draft=Shape(args.draft_d_model, args.draft_layers, (), args.d_state, args.headdim),
         target_steps=args.steps, draft_steps=args.draft_steps or args.steps,

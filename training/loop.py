@@ -15,6 +15,8 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
+from stree.verifier.cuda_graphs import capture_graph
+
 PROBE_STEPS = 8  # steps timed before the schedule length is fixed under a time cap
 
 
@@ -107,16 +109,7 @@ class _Stepper:
     def _capture(self, x: torch.Tensor) -> None:
         """Warm up on a side stream (these are real steps), then capture one step."""
         self.static_x = x.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body(self.static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.static_loss = self._body(self.static_x)
-        self.graph = graph
+        self.graph, self.static_loss = capture_graph(lambda: self._body(self.static_x), warmup=2)
 
     def step(self, x: torch.Tensor, lr: float) -> torch.Tensor:
         self._set_lr(lr)

@@ -19,16 +19,16 @@ import torch
 from tqdm import tqdm
 
 from stree.drafter_service.oracle import OracleDrafter
-from stree.kernels.bench_kernels import mamba_ssm_decode_ms
+from stree.kernels.bench_kernels import LAYER_SHAPES, mamba_ssm_decode_ms
 
 from .checkpoint import random_init_
 from .config import ModelConfig
 from .generate import DEFAULT_BUDGET, generate
 from .model import StreeLM
 
-SHAPES = {  # Mamba2 shapes (vocab 50280 as mamba_ssm's checkpoints); "tiny" runs on a CPU
-    "2.7b": dict(d_model=2560, n_layer=64, d_state=128, headdim=64, vocab_size=50280),
-    "130m": dict(d_model=768, n_layer=24, d_state=128, headdim=64, vocab_size=50280),
+SHAPES = {  # the kernel benchmark's Mamba2 shapes with mamba_ssm's vocabulary; "tiny" runs on a CPU
+    **{name: {k: s[k] for k in ("d_model", "n_layer", "d_state", "headdim")} | {"vocab_size": 50280}
+       for name, s in LAYER_SHAPES.items()},
     "tiny": dict(d_model=64, n_layer=2, d_state=16, headdim=16, vocab_size=512),
 }
 TAUS = (2, 3, 4, 6)

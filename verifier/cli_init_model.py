@@ -7,17 +7,18 @@ import json
 from .checkpoint import init_model, load_model
 
 
-def _int_list(text: str) -> list[int]:
+def parse_layer_list(text: str, flag: str = "--attn-layers") -> list[int]:
+    """Layer indices from ``"3,7"``; a clear error naming ``flag`` otherwise."""
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--attn-layers wants comma-separated layer indices, got {text!r}") from None
+        raise ValueError(f"{flag} wants comma-separated layer indices, got {text!r}") from None
 
 
 def run(args) -> int:
     out = init_model(
         args.out_dir, arch=args.arch, d_model=args.d_model, n_layer=args.n_layer,
-        attn_layers=_int_list(args.attn_layers) if args.attn_layers else None,
+        attn_layers=parse_layer_list(args.attn_layers) if args.attn_layers else None,
         vocab_size=args.vocab_size, seed=args.seed, d_state=args.d_state, headdim=args.headdim,
         expand=args.expand, ngroups=args.ngroups, d_intermediate=args.d_intermediate,
         num_heads=args.num_heads, fmt=args.format,
