@@ -12,9 +12,9 @@ import functools
 
 import torch
 
-from .replay_triton import replay_conv_chain_triton, replay_ssm_chain_triton
-from .tree_conv_triton import tree_conv1d_triton
-from .tree_scan_triton import tree_scan_triton
+from stree.kernels.replay_triton import replay_conv_chain_triton, replay_ssm_chain_triton
+from stree.kernels.tree_conv_triton import tree_conv1d_triton
+from stree.kernels.tree_scan_triton import tree_scan_triton
 
 CHUNK = 64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .tree_scan import heads_from_groups
+from stree.kernels.tree_scan import heads_from_groups
 
 
 def conv_step_ref(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import backend
+from stree.kernels import backend
 
 # op name -> (reference "module:function", triton "module:function")
 _OPS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree_scan import heads_from_groups
+from stree.kernels.tree_scan import heads_from_groups
 
 
 def replay_ref(

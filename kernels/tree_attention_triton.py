@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .tree_attention import tree_attention_mask
+from stree.kernels.tree_attention import tree_attention_mask
 
 
 @triton.jit

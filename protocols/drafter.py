@@ -13,6 +13,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from .sampling import SamplingParams
 from .token_tree import MAX_TREE_NODES, TokenTree
+from .validate import budget_problem
 
 
 @dataclass(frozen=True)
@@ -32,20 +33,17 @@ class DraftBudget:
             raise ValueError(f"max_width must be >= 1, got {self.max_width}")
 
     def violation(self, tree: TokenTree) -> str | None:
-        """Why ``tree`` breaks this budget, or None when it fits."""
-        if tree.num_nodes > self.max_nodes:
-            return f"{tree.num_nodes} nodes > max_nodes {self.max_nodes}"
-        if tree.max_depth > self.max_depth:
-            return f"depth {tree.max_depth} > max_depth {self.max_depth}"
-        width = max((len(k) for k in tree.children()), default=0)
-        if width > self.max_width:
-            return f"a node has {width} children > max_width {self.max_width}"
-        return None
+        """Why ``tree`` breaks this budget, or None when it fits (see ``protocols.validate``)."""
+        return budget_problem(tree, self)
 
     def check(self, tree: TokenTree) -> None:
         why = self.violation(tree)
         if why is not None:
             raise ValueError(f"drafted tree is over budget: {why}")
+
+
+DEFAULT_BUDGET = DraftBudget(max_nodes=64, max_depth=16, max_width=8)
+"""The budget a generation drafts under unless it is given another."""
 
 
 @runtime_checkable

@@ -1,4 +1,7 @@
-"""Drafter registry: built-in drafters by name, third-party ones through the ``stree.drafters`` entry points.
+"""Drafter registry: drafters by name, from ``register_drafter`` or the ``stree.drafters`` entry points.
+
+The built-in drafters are entry points of this package too (see pyproject.toml), so this, the
+lowest layer, never imports a drafter.
 
 A third-party package adds a drafter by declaring, in its own pyproject.toml,
 ``[project.entry-points."stree.drafters"] mydrafter = "mypkg:make_drafter"`` where
@@ -11,7 +14,7 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Callable
 
-from .drafter import Drafter
+from stree.protocols.drafter import Drafter
 
 ENTRY_POINT_GROUP = "stree.drafters"
 
@@ -34,12 +37,10 @@ def _entry_point_factories() -> dict[str, object]:
 
 def available_drafters() -> list[str]:
     """Names of every drafter that ``create_drafter`` can build."""
-    _load_builtins()
     return sorted(set(_FACTORIES) | set(_entry_point_factories()))
 
 
 def get_drafter_factory(name: str) -> DrafterFactory:
-    _load_builtins()
     if name in _FACTORIES:
         return _FACTORIES[name]
     eps = _entry_point_factories()
@@ -66,28 +67,19 @@ def create_drafter(name: str, **options) -> Drafter:
         if len(parts) < 2:
             raise ValueError(f"fusion wants two or more drafters, as in 'fusion:mamba+ngram'; got {name!r}")
         subs = [create_drafter(part, **options) for part in parts]
-        scorer = None
-        if options.get("draft_model") is not None:  # RASD: rank merged branches by the draft model
-            from stree.drafter_service.draft_model_scorer import DraftModelScorer
-
-            scorer = DraftModelScorer(options["draft_model"])
-        return get_drafter_factory("fusion")(drafters=subs, scorer=scorer)
+        # with a draft model the fusion factory ranks merged branches by it (RASD)
+        return get_drafter_factory("fusion")(drafters=subs, draft_model=options.get("draft_model"))
     factory = get_drafter_factory(name)
+    return factory(**filter_options(factory, options))
+
+
+def filter_options(factory: Callable, options: dict) -> dict:
+    """The options ``factory`` accepts (all of them when it takes ``**kwargs`` or hides its signature)."""
     try:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
-        return factory(**options)
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        accepted = {p.name for p in params}
-        options = {k: v for k, v in options.items() if k in accepted}
-    return factory(**options)
-
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtins() -> None:
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from stree.drafter_service import builtin  # noqa: F401  (registers on import)
+        return dict(options)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return dict(options)
+    accepted = {p.name for p in params}
+    return {k: v for k, v in options.items() if k in accepted}

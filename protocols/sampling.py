@@ -64,3 +64,87 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def warp_logits_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """``warp_logits`` with per-row parameters, as fixed-shape tensor ops (no host sync; float32).
+
+    ``logits`` is ``[B, ..., V]``; ``temperature``, ``top_k``, ``top_p`` are ``[B]`` tensors applying
+    to every row under batch entry b. Row by row the result equals ``warp_logits`` with
+    ``SamplingParams(temperature[b], top_k[b], top_p[b])`` bit for bit on the CPU (same float32 ops;
+    tested), up to kernel rounding on other devices.
+    """
+    logits = logits.float()
+    shape = (-1,) + (1,) * (logits.dim() - 1)
+    temp = temperature.to(logits.device, torch.float32).reshape(shape)
+    greedy = temp == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
+    probs = torch.softmax(_top_k_rows(scaled, top_k.to(logits.device).reshape(shape)), dim=-1)
+    probs = _top_p_rows(probs, top_p.to(logits.device, torch.float32).reshape(shape))
+    one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs)
+
+
+def _top_k_rows(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask logits below each row's k-th largest (rows with k == 0 or k >= vocab are kept whole)."""
+    vocab = logits.shape[-1]
+    k = k.long()
+    ranked = torch.sort(logits, dim=-1, descending=True).values
+    index = (k.clamp(1, vocab) - 1).expand(*logits.shape[:-1], 1)
+    kth = ranked.gather(-1, index)
+    on = (k > 0) & (k < vocab)
+    return logits.masked_fill(on & (logits < kth), float("-inf"))
+
+
+def _top_p_rows(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest prefix (by probability) reaching top_p, renormalized (top_p < 1 only)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    drop_sorted = before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept = probs.masked_fill(drop, 0.0)
+    kept = kept / kept.sum(-1, keepdim=True)
+    return torch.where(top_p < 1.0, kept, probs)
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token drawn by inverse CDF: the smallest index whose cumulative probability exceeds ``u * total``.
+
+    ``probs`` is ``[..., V]`` (non-negative, total mass > 0) and ``u`` in [0, 1) has shape ``[...]``;
+    the result (long, shape ``[...]``) always has positive probability, even if ``u`` rounds to 1.
+    One definition, shared by the CPU reference and the device verifier so both draw the same token.
+    """
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[..., -1:]
+    below = (cdf <= u.to(cdf.dtype).unsqueeze(-1) * total).sum(-1)
+    last = (cdf < total).sum(-1)  # where the cdf reaches its total: the last token that adds mass
+    return torch.minimum(below, last)
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling parameters of a batch as device tensors (the engine's slots), warped in one go.
+
+    ``temperature`` ``[B]`` (0 = greedy), ``top_k`` ``[B]`` (0 = off), ``top_p`` ``[B]`` (1 = off).
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def greedy(cls, batch: int, device) -> "RowSampling":
+        return cls(torch.zeros(batch, device=device), torch.zeros(batch, dtype=torch.long, device=device),
+                   torch.ones(batch, device=device))
+
+    def set_row(self, row: int, params: SamplingParams) -> None:
+        """Give slot ``row`` the parameters of a joining request (in place: captured graphs see it)."""
+        self.temperature[row] = float(params.temperature)
+        self.top_k[row] = int(params.top_k)
+        self.top_p[row] = float(params.top_p)
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """``warp_logits_rows`` with these parameters: ``[B, ..., V]`` logits -> probabilities."""
+        return warp_logits_rows(logits, self.temperature, self.top_k, self.top_p)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from stree.verifier.cuda_graphs import capture_graph
+from stree.kernels.cuda_graph import capture_graph
 
 PROBE_STEPS = 8  # steps timed before the schedule length is fixed under a time cap
 

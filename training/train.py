@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from stree.kernels import backend
-from stree.verifier.checkpoint import random_init_, save_model
-from stree.verifier.config import ModelConfig
-from stree.verifier.model import StreeLM
-from stree.verifier.tokenizer import bpe_tokenizer, eos_token_id
+from stree.verifier.model.checkpoint import random_init_, save_model
+from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.lm import StreeLM
+from stree.verifier.model.tokenizer import bpe_tokenizer, eos_token_id
 
-from .corpus import DEFAULT_PACKAGES, Corpus, build_corpus, tokenize
-from .loop import PhaseConfig, run_phase
+from stree.training.corpus import DEFAULT_PACKAGES, Corpus, build_corpus, tokenize
+from stree.training.loop import PhaseConfig, run_phase
 
 TARGET_DIR, DRAFT_DIR = "demo-target", "demo-draft"
 LOG_FILE, PLOT_FILE = "train_log.json", "train_loss.png"

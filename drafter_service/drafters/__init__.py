@@ -1,0 +1,1 @@
+"""Drafter plugins: the draft model (mamba), n-gram, retrieval, fusion and the oracle."""

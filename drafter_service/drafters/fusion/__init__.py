@@ -1,0 +1,1 @@
+"""Tree fusion: prefix-merging several drafters' trees under one budget, ranked by a draft model."""

@@ -1,0 +1,150 @@
+"""Chain, static and beam drafts of a draft model for B sequences at once, as device code (no host sync).
+
+The draft model grows the tree with tree passes over the template's fixed node layout: pass d
+scores the nodes of depth d-1 (deeper nodes are placeholders; in a tree pass a node only sees its
+ancestors, so placeholders never change a real node) and picks their children. A last pass over the
+finished tree leaves the activations that move the draft state along the accepted path by replay,
+exactly as the target's commit does, so the draft state never steps token by token and never
+reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from stree.protocols.device_drafter import DeviceDraft
+from stree.protocols.sampling import RowSampling
+from stree.protocols.token_tree import DraftMode, TreeBatch
+from stree.protocols.tree_shape import TreeShape
+
+
+class DeviceTreeDrafter:
+    """A draft model's slots and chain/static/beam drafts over them (the engine's ``DeviceDrafter``).
+
+    The slots' state is shared by every tree shape, so the engine can switch shapes step by step.
+    """
+
+    KINDS = ("chain", "static", "beam")
+
+    def __init__(self, model, head=None, generator: Optional[torch.Generator] = None):
+        self.model = model
+        self.head = head  # VocabTrim: a trimmed LM head (logits -inf outside it)
+        self.generator = generator  # Gumbel noise of sampled rows (None: the device's default, graph-safe)
+        self.state = None
+        self.acts = None
+        self._layout: dict = {}
+
+    def supports(self, shape: TreeShape) -> bool:
+        return shape.kind in self.KINDS
+
+    # ----- slots --------------------------------------------------------------------------------
+    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
+        self.state = self.model.new_state(batch_size, max_seqlen)
+        self._layout = {}
+
+    def park(self, idle: torch.Tensor) -> None:
+        """Rewind slots that hold no sequence (``idle`` [B] bool) so they never run out of room."""
+        self.state.seqlen.masked_fill_(idle, 0)
+
+    def _set_shape(self, shape: TreeShape) -> None:
+        """Per-shape constants (depths, node counts) as device tensors, made once."""
+        if shape not in self._layout:
+            b, n, dev = self.state.batch_size, shape.num_nodes, self.model.device
+            depth = torch.tensor(shape.depths(), device=dev).expand(b, n).contiguous()
+            parents = None
+            if shape.kind != "beam":
+                parents = torch.tensor(shape.static_parents(), device=dev).expand(b, n).contiguous()
+            self._layout[shape] = (depth, torch.full((b,), n, dtype=torch.long, device=dev), parents)
+        self.shape = shape
+        self.depth, self.num_nodes, self.static_parents = self._layout[shape]
+        self.starts = shape.level_starts()
+
+    def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
+        """Make slot ``slot`` hold the draft state after ``context`` (all tokens before the root)."""
+        one = self.model.new_state(1, context.numel() + 1)
+        if context.numel():
+            self.model.prefill(context.reshape(1, -1).to(self.model.device), one)
+        self.state.assign_row(slot, one)
+
+    # ----- one draft ----------------------------------------------------------------------------
+    def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):
+        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes)
+        logits, acts = self.model.tree_forward(trees, self.state)
+        if self.head is not None:
+            logits = self.head.mask(logits)
+        return logits, acts
+
+    def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+        """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is needed."""
+        if not self.supports(shape):
+            raise ValueError(f"a device draft needs a chain, static or beam tree, not {shape}")
+        self._set_shape(shape)
+        if shape.kind == "beam":
+            return self._draft_beam(roots, sampling)
+        return self._draft_static(roots, sampling, any_sampled)
+
+    def _draft_static(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+        b, dev = roots.shape[0], roots.device
+        n, vocab = self.shape.num_nodes, self.model.vocab_size
+        parents = self.static_parents
+        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
+        tokens[:, 0] = roots
+        q = torch.zeros(b, n, vocab, device=dev)
+        sampled = (sampling.temperature > 0)[:, None, None]
+        for d, w in enumerate(self.shape.widths):
+            lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
+            logits, _ = self._logits(tokens, parents)
+            rows = logits[:, lo:hi]  # [B, F, V]
+            probs = sampling.warp(rows)
+            q[:, lo:hi] = probs
+            keys = rows.float()
+            if any_sampled:  # Gumbel-top-k = successive draws without replacement from q
+                u = torch.rand(rows.shape, device=dev, generator=self.generator).clamp_(1e-12, 1.0 - 1e-7)
+                gumbel = -torch.log(-torch.log(u))
+                keys = torch.where(sampled, torch.log(probs) + gumbel, keys)
+            picks = torch.topk(keys, w, dim=-1).indices  # [B, F, w], children grouped by parent
+            nxt = self.starts[d + 1]
+            tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
+        # a sampled child the draft gives no mass (support smaller than the width) could never be drawn
+        _, self.acts = self._logits(tokens, parents)
+        return DeviceDraft(tokens, parents, q, DraftMode.WITHOUT_REPLACEMENT)
+
+    def _draft_beam(self, roots, sampling: RowSampling) -> DeviceDraft:
+        """STree's beam tree: D steps of beam search with M beams; every beam token is a node (point masses)."""
+        b, dev = roots.shape[0], roots.device
+        n, m = self.shape.num_nodes, self.shape.beams
+        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
+        parents = torch.zeros(b, n, dtype=torch.long, device=dev)
+        tokens[:, 0] = roots
+        parents[:, 0] = -1
+        scores = torch.zeros(b, 1, device=dev)
+        for d in range(self.shape.depth):
+            lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
+            logits, _ = self._logits(tokens, parents)
+            logq = _beam_log_q(logits[:, lo:hi], sampling)  # [B, F, V]
+            vocab = logq.shape[-1]
+            top = torch.topk((scores[:, :, None] + logq).reshape(b, -1), m, dim=-1)
+            src = torch.div(top.indices, vocab, rounding_mode="floor")
+            nxt = self.starts[d + 1]
+            tokens[:, nxt: nxt + m] = top.indices - src * vocab
+            parents[:, nxt: nxt + m] = lo + src
+            scores = top.values
+        _, self.acts = self._logits(tokens, parents)
+        return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
+
+    def commit(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """Feed the root and the accepted nodes (``path`` from the last draft's tree) by replay."""
+        self.model.commit(self.state, self.acts, path, path_len)
+
+    def step_roots(self, roots: torch.Tensor) -> None:
+        """Plain decoding steps: feed just the roots, so the draft state keeps up."""
+        self.model.step(roots, self.state)
+
+
+def _beam_log_q(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
+    """Beam scores: log-softmax of the raw logits for greedy rows, log of the shared warp for sampled rows."""
+    greedy = torch.log_softmax(logits.float(), -1)
+    warped = torch.log(sampling.warp(logits))
+    return torch.where((sampling.temperature > 0)[:, None, None], warped, greedy)

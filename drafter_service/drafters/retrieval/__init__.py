@@ -1,0 +1,1 @@
+"""REST-style retrieval drafting: a suffix-array datastore and the drafter over it."""

@@ -1,0 +1,325 @@
+"""The DrafterService gRPC server (grpc.aio): drafter sessions served by Ray actor replicas.
+
+Each stream is one generation session placed on a replica and kept alive across replica failures:
+the service keeps the session's context (prompt + commits) and re-opens it elsewhere when the
+replica dies, while drafts answer UNAVAILABLE so the verifier falls back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Callable, Optional, Sequence
+
+import grpc
+from ray.exceptions import RayError
+
+from stree.drafter_service.actors import FAILED, INVALID, OK, DrafterHost, PoolConfig, Replica, ReplicaPool
+from stree.proto.codec import budget_from_pb, budget_tuple, sampling_from_pb, tree_to_pb
+from stree.proto.rpc import set_serving, start_server
+from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
+
+
+log = logging.getLogger(__name__)
+
+Err = drafter_pb2.DrafterError
+
+
+class SessionAborted(Exception):
+    """The stream must end with ``code`` and ``message`` (bad request or drafter cannot run)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StreamSession:
+    """Reads requests into a queue and answers them in order, skipping drafts a later request made stale."""
+
+    def __init__(self, host: DrafterHost, context: grpc.aio.ServicerContext, call_timeout_s: float = 30.0):
+        self.host = host
+        self.grpc_context = context
+        self.call_timeout_s = call_timeout_s
+        self.session_id = ""
+        self.pool: Optional[ReplicaPool] = None
+        self.replica: Optional[Replica] = None
+        self.sampling: dict = {}
+        self.budget = DEFAULT_BUDGET
+        self.context: list[int] = []
+        self.pending: list[int] = []  # committed here, not yet shipped to the replica
+        self.reopen: Optional[asyncio.Task] = None
+        self._queue: collections.deque = collections.deque()
+        self._arrived = asyncio.Event()
+        self._eof = False
+
+    # ----- stream plumbing ---------------------------------------------------------------------
+    async def _read_all(self) -> None:
+        try:
+            while True:
+                req = await self.grpc_context.read()
+                if req is grpc.aio.EOF:
+                    return
+                self._queue.append(req)
+                self._arrived.set()
+        finally:  # end of stream, or the connection broke: the session winds down either way
+            self._eof = True
+            self._arrived.set()
+
+    async def _next(self):
+        while not self._queue:
+            if self._eof:
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._queue.popleft()
+
+    def _superseded(self) -> bool:
+        """A queued Commit or Draft makes the draft being handled stale."""
+        return any(r.WhichOneof("kind") in ("commit", "draft") for r in self._queue)
+
+    async def _write_error(self, request_id: int, code, message: str) -> None:
+        await self.grpc_context.write(
+            drafter_pb2.DrafterResponse(error=Err(request_id=request_id, code=code, message=message))
+        )
+
+    async def run(self) -> None:
+        reader = asyncio.get_running_loop().create_task(self._read_all())
+        try:
+            first = await self._next()
+            if first is None:
+                return
+            if first.WhichOneof("kind") != "open":
+                raise SessionAborted(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be Open")
+            await self._open(first.open)
+            while True:
+                req = await self._next()
+                if req is None:
+                    return
+                kind = req.WhichOneof("kind")
+                if kind == "commit":
+                    self._commit(req.commit)
+                elif kind == "draft":
+                    if not self._superseded():
+                        await self._draft(req.draft)
+                elif kind == "close":
+                    return
+                else:
+                    raise SessionAborted(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} message")
+        finally:
+            reader.cancel()
+            self._close()
+
+    # ----- requests ----------------------------------------------------------------------------
+    async def _open(self, msg) -> None:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if not msg.prompt_ids:
+            raise SessionAborted(bad, "Open: the prompt must contain at least one token")
+        try:
+            params = sampling_from_pb(msg.sampling)
+            self.budget = budget_from_pb(msg.budget, DEFAULT_BUDGET)
+        except ValueError as exc:
+            raise SessionAborted(bad, f"Open: {exc}") from exc
+        self.session_id = msg.session_id or f"s{id(self):x}"
+        self.sampling = params.to_dict()
+        self.context = list(msg.prompt_ids)
+        try:
+            self.pool = await self.host.pool(msg.drafter)
+        except ValueError as exc:
+            raise SessionAborted(bad, f"Open: {exc}") from exc
+        except Exception as exc:
+            raise SessionAborted(
+                grpc.StatusCode.FAILED_PRECONDITION, f"Open: drafter {msg.drafter!r} cannot start: {exc}"
+            ) from exc
+        status, detail = await self._place(attempts=5)
+        if status == INVALID:
+            raise SessionAborted(bad, f"Open: {detail}")
+        if status != OK:
+            raise SessionAborted(grpc.StatusCode.UNAVAILABLE, f"Open: no drafter replica could take the session: {detail}")
+        await self.grpc_context.write(
+            drafter_pb2.DrafterResponse(
+                opened=drafter_pb2.SessionOpened(session_id=self.session_id, replica=self.replica.actor_name)
+            )
+        )
+
+    async def _place(self, attempts: int) -> tuple[str, str]:
+        """Open the session from the tracked context on the least-loaded replica, retrying on failure."""
+        detail, delay = "no replica", 0.1
+        for _ in range(attempts):
+            self.pool.release(self.replica, self.session_id)
+            self.replica = self.pool.acquire(self.session_id)
+            if self.replica is not None:
+                snapshot = len(self.context)
+                try:
+                    status, detail = await asyncio.wait_for(
+                        self.replica.handle.open.remote(self.session_id, self.context[:snapshot], self.sampling),
+                        self.call_timeout_s,
+                    )
+                except (RayError, asyncio.TimeoutError) as exc:
+                    self.pool.report_failure(self.replica, exc)
+                    status, detail = FAILED, f"replica {self.replica.actor_name}: {exc!r}"
+                if status in (OK, INVALID):
+                    self.pending = self.context[snapshot:]
+                    return status, detail
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        return FAILED, detail
+
+    def _commit(self, msg) -> None:
+        expected = len(self.context) + len(msg.tokens)
+        if msg.context_length != expected:
+            raise SessionAborted(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Commit: context_length {msg.context_length} but the session has {len(self.context)} "
+                f"tokens + {len(msg.tokens)} committed = {expected}",
+            )
+        self.context.extend(msg.tokens)
+        self.pending.extend(msg.tokens)
+
+    def _start_reopen(self) -> None:
+        async def reopen():
+            while True:
+                status, detail = await self._place(attempts=3)
+                if status == OK:
+                    log.info("session %s re-opened on %s", self.session_id, self.replica.actor_name)
+                    return
+                log.warning("session %s: re-open failed (%s); retrying", self.session_id, detail)
+
+        self.reopen = asyncio.get_running_loop().create_task(reopen())
+
+    async def _draft(self, msg) -> None:
+        rid = msg.request_id
+        if msg.context_length != len(self.context):
+            await self._write_error(
+                rid, Err.INVALID_ARGUMENT,
+                f"Draft: context_length {msg.context_length} but the session has {len(self.context)} tokens",
+            )
+            return
+        try:
+            budget = budget_from_pb(msg.budget, self.budget) if msg.HasField("budget") else self.budget
+        except ValueError as exc:
+            await self._write_error(rid, Err.INVALID_ARGUMENT, f"Draft: {exc}")
+            return
+        if self.reopen is not None:
+            if not self.reopen.done():
+                await self._write_error(rid, Err.UNAVAILABLE, "session is being re-opened on a live replica")
+                return
+            self.reopen = None
+        replica, shipped = self.replica, self.pending
+        self.pending = []
+        t0 = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(
+                replica.handle.draft.remote(self.session_id, shipped, len(self.context), budget_tuple(budget)),
+                self.call_timeout_s,
+            )
+        except (RayError, asyncio.TimeoutError) as exc:
+            self.pool.report_failure(replica, exc)
+            self._start_reopen()
+            await self._write_error(rid, Err.UNAVAILABLE, f"replica {replica.actor_name} failed: {exc!r}"[:500])
+            return
+        status = result[0]
+        if status == OK:
+            _, drafted, seconds = result
+            try:
+                tree = tree_to_pb(drafted, rid, len(self.context), seconds)
+            except ValueError as exc:
+                await self._write_error(rid, Err.DRAFTER_FAILED, str(exc))
+                return
+            await self.grpc_context.write(drafter_pb2.DrafterResponse(tree=tree))
+            return
+        # LOST: the replica restarted; FAILED: the plugin raised (session dropped); INVALID: the
+        # replica's context length disagrees with ours. Each way, re-open from the tracked context.
+        self._start_reopen()
+        code = Err.DRAFTER_FAILED if status == FAILED else Err.UNAVAILABLE
+        log.debug("draft %s of session %s: %s after %.1f ms", rid, self.session_id, result[1], 1e3 * (time.perf_counter() - t0))
+        await self._write_error(rid, code, result[1])
+
+    def _close(self) -> None:
+        if self.reopen is not None:
+            self.reopen.cancel()
+        if self.pool is not None and self.replica is not None:
+            self.pool.release(self.replica, self.session_id)
+            try:
+                self.replica.handle.close.remote(self.session_id)
+            except RayError as exc:
+                log.debug("close on a dead replica: %r", exc)
+        self.replica = None
+
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
+    def __init__(self, host: DrafterHost, call_timeout_s: float = 30.0):
+        self.host = host
+        self.call_timeout_s = call_timeout_s
+        self.active_streams = 0
+
+    async def Session(self, request_iterator, context):
+        # Read and write through ``context`` (one reader task, one writer): see StreamSession.
+        session = StreamSession(self.host, context, self.call_timeout_s)
+        self.active_streams += 1
+        try:
+            await session.run()
+        except SessionAborted as exc:
+            await context.abort(exc.code, exc.message)
+        finally:
+            self.active_streams -= 1
+
+
+class DrafterServer:
+    """A DrafterService on ``bind:port`` (port 0 picks a free one) backed by Ray actor pools."""
+
+    def __init__(
+        self,
+        port: int = 0,
+        bind: str = "127.0.0.1",
+        drafters: Sequence[str] = (),
+        options_for: Optional[Callable[[str], dict]] = None,
+        pool_config: PoolConfig = PoolConfig(),
+        call_timeout_s: float = 30.0,
+        host: Optional[DrafterHost] = None,
+    ):
+        """``host``: keep serving the pools of a stopped server (restart the gRPC front, not the actors)."""
+        self.requested_port = port
+        self.bind = bind
+        self.preload = list(drafters)
+        self.host = host or DrafterHost(options_for or (lambda name: {}), pool_config)
+        self.servicer = DrafterServicer(self.host, call_timeout_s)
+        self.server: Optional[grpc.aio.Server] = None
+        self.health = None
+        self.port: Optional[int] = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.bind}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind, start the drafters named up front, then report SERVING."""
+        self.server, self.health, self.port = await start_server(  # health: NOT_SERVING until ready
+            self.bind, self.requested_port,
+            lambda srv: drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self.servicer, srv), SERVICE_NAME)
+        for name in self.preload:
+            await self.host.pool(name)
+        await set_serving(self.health, [SERVICE_NAME])
+        log.info("DrafterService on %s; drafters ready: %s", self.address, ", ".join(self.preload) or "(on demand)")
+
+    def active_sessions(self) -> int:
+        return self.servicer.active_streams
+
+    async def stop(self, grace: Optional[float] = 1.0, shutdown_pools: bool = True) -> None:
+        if self.health is not None:
+            await set_serving(self.health, [SERVICE_NAME], serving=False)
+        if self.server is not None:
+            await self.server.stop(grace)
+        if shutdown_pools:
+            self.host.shutdown()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()

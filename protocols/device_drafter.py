@@ -1,0 +1,64 @@
+"""The device-drafter interface: a drafter whose whole draft for B sequence slots is device code.
+
+The engine captures such a draft inside its one CUDA graph per step (draft, target tree pass,
+verification, both commits). Host drafters (n-gram, retrieval, remote, plugins) keep the
+``Drafter``/``DrafterSession`` interface; the engine pads their trees into a fixed node bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+
+from stree.protocols.sampling import RowSampling
+from stree.protocols.token_tree import DraftMode
+from stree.protocols.tree_shape import TreeShape
+
+
+@dataclass
+class DeviceDraft:
+    """Trees for B slots in one fixed layout: ``tokens``/``parents`` ``[B, N]``; ``q`` ``[B, N, V]`` or None.
+
+    ``q[b, i]`` is the draft distribution node i's children were drawn from (sampled rows of
+    stochastic drafts); ``mode`` says how (see ``DraftMode``).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    q: Optional[torch.Tensor]
+    mode: DraftMode
+
+
+@runtime_checkable
+class DeviceDrafter(Protocol):
+    """Draft state for B slots plus fixed-shape drafts over them (no host sync anywhere)."""
+
+    def supports(self, shape: TreeShape) -> bool:
+        """Whether ``draft`` can lay out trees of ``shape``."""
+        ...
+
+    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
+        """Allocate state for ``batch_size`` slots of up to ``max_seqlen`` tokens."""
+        ...
+
+    def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
+        """Load a joining sequence's context (every token before its root) into ``slot``."""
+        ...
+
+    def park(self, idle: torch.Tensor) -> None:
+        """Rewind the slots marked in ``idle`` (``[B]`` bool): they hold no sequence."""
+        ...
+
+    def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+        """Trees rooted at ``roots`` (``[B]``), laid out as ``shape``; sampled rows draw their children."""
+        ...
+
+    def commit(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """Advance every slot along its accepted path of the last draft (root first)."""
+        ...
+
+    def step_roots(self, roots: torch.Tensor) -> None:
+        """Advance every slot by its root alone (a plain decoding step)."""
+        ...

@@ -1,0 +1,103 @@
+"""``stree generate``: speculative generation from a checkpoint directory, printing text or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from stree.protocols.tree_shape import SHAPE_HELP
+from stree.protocols.drafter import DraftBudget
+
+from stree.verifier.model.checkpoint import load_model
+from stree.protocols.drafter import DEFAULT_BUDGET
+from stree.verifier.decode.loop import generate
+from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """``--prompt-ids 1,2,3`` as a non-empty list of ints (ValueError otherwise)."""
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--prompt-ids wants comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise ValueError("--prompt-ids is empty")
+    return ids
+
+
+def prompt_ids_from_args(args, tokenizer) -> list[int]:
+    if args.prompt_ids is not None:
+        return parse_prompt_ids(args.prompt_ids)
+    if tokenizer is None:
+        raise ValueError(f"{args.model_dir} has no tokenizer.json: pass --prompt-ids instead of --prompt")
+    ids = tokenizer.encode(args.prompt).ids
+    if not ids:
+        raise ValueError("--prompt encodes to no tokens")
+    return ids
+
+
+def run(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[args.dtype]
+    model = load_model(args.model_dir, device=device, dtype=dtype)
+    draft = load_model(args.draft_model, device=device, dtype=dtype) if args.draft_model else None
+    tokenizer = load_tokenizer(args.model_dir)
+    prompt = prompt_ids_from_args(args, tokenizer)
+    drafter = args.drafter or ("static-tree" if draft is not None else "none")
+    budget = DraftBudget(
+        max_nodes=args.max_nodes or DEFAULT_BUDGET.max_nodes,
+        max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
+        max_width=args.max_width or DEFAULT_BUDGET.max_width,
+    )
+    eos = eos_token_id(tokenizer)
+    for i in range(args.num_samples):
+        seed = None if args.seed is None else args.seed + i
+        result = generate(
+            model, prompt, drafter=drafter, draft_model=draft, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
+            stop_token_ids=[eos] if (eos is not None and not args.ignore_eos) else (),
+            tokenizer=tokenizer, cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths, datastore=args.datastore,
+        )
+        if args.json:
+            print(json.dumps({"sample": i, "drafter": drafter, "prompt_ids": prompt,
+                              "token_ids": result.token_ids, "text": result.text, "stats": result.stats}))
+        else:
+            print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
+            s = result.stats
+            print(f"[{drafter}] {s['new_tokens']} tokens in {s['steps']} steps, "
+                  f"mean accepted length {s['mean_accepted_length']:.2f}, {s['tokens_per_s']:.1f} tok/s")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate with speculative tree decoding",
+                       description=f"Tree specs (--tree): {SHAPE_HELP}")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--draft-model", metavar="DIR", help="draft model checkpoint for model drafters")
+    p.add_argument("--drafter", metavar="NAME",
+                   help="none | chain | static-tree | mamba | ngram | retrieval | fusion:A+B | a plugin name "
+                        "(default: static-tree with --draft-model, else none)")
+    p.add_argument("--tree", metavar="SPEC", help=f"tree shape for model drafters: {SHAPE_HELP}")
+    p.add_argument("--tree-widths", metavar="W1,W2,..", help="static tree width per depth, e.g. 3,2,2,1")
+    p.add_argument("--datastore", metavar="DS", help="retrieval datastore directory")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", metavar="TEXT")
+    g.add_argument("--prompt-ids", metavar="1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--max-nodes", type=int, default=None, help="draft budget: nodes per tree")
+    p.add_argument("--max-depth", type=int, default=None, help="draft budget: tree depth")
+    p.add_argument("--max-width", type=int, default=None, help="draft budget: children per node")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the tokenizer's end token")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")
+    p.add_argument("--json", action="store_true", help="one JSON object per sample")
+    p.set_defaults(func=run)

@@ -1,0 +1,74 @@
+"""``stree bench e2e`` and ``stree bench oracle`` on tiny models (CPU): records are complete and greedy outputs exact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stree.cli import main
+from stree.bench.prompt_sets import load_prompt_set
+
+DATA = {"mt_bench": {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+        "gsm8k": {"question": "What is 2 + 3?", "answer": "5\n#### 5"},
+        "spec_bench": {"question_id": 161, "category": "translation", "turns": ["Translate: Hallo Welt"]}}
+
+
+@pytest.fixture()
+def jsonl_files(tmp_path):
+    paths = {}
+    for name, rec in DATA.items():
+        p = tmp_path / f"{name}.jsonl"
+        p.write_text("\n".join(json.dumps({**rec, "question_id": i} if "question_id" in rec else rec)
+                               for i in range(5)) + "\n")
+        paths[name] = p
+    return paths
+
+
+def test_prompt_sets_read_first_turns_and_name_bad_files(jsonl_files, tmp_path):
+    assert load_prompt_set("mt_bench", 2, jsonl_files["mt_bench"])[0][1] == "Write a poem."
+    assert load_prompt_set("gsm8k", 0, jsonl_files["gsm8k"])[0][1] == "What is 2 + 3?"
+    assert len(load_prompt_set("spec_bench", 3, jsonl_files["spec_bench"])) == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
+        load_prompt_set("mt_bench", 0, bad)
+    with pytest.raises(ValueError, match="unknown prompt set"):
+        load_prompt_set("squad")
+    with pytest.raises(ValueError, match="needs a jsonl path"):
+        load_prompt_set("gsm8k")
+
+
+def test_e2e_record_has_every_method_and_exact_greedy(tmp_path, jsonl_files):
+    for name, arch, layers in (("target", "hybrid", "2"), ("draft", "mamba2", "1")):
+        assert main(["init-model", str(tmp_path / name), "--arch", arch, "--d-model", "32", "--n-layer", layers,
+                     "--vocab-size", "300", "--d-state", "8", "--headdim", "8", "--seed", "3"]
+                    + (["--attn-layers", "1"] if arch == "hybrid" else [])) == 0
+    out = tmp_path / "e2e.json"
+    methods = "plain,chain,static,beam,ngram,retrieval,fusion"
+    rc = main(["bench", "e2e", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+               "--prompt-sets", "mt_bench,gsm8k", "--mt-bench", str(jsonl_files["mt_bench"]),
+               "--gsm8k", str(jsonl_files["gsm8k"]), "--num-prompts", "2", "--max-new-tokens", "8",
+               "--methods", methods, "--dtype", "float32", "--datastore-bytes", "50000", "--out", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    rows = rec["rows"]
+    assert len(rows) == 2 * 2 * 7  # sets x temperatures x methods
+    for r in rows:
+        assert r["decode_tokens_per_s"] > 0 and r["mean_accepted_length"] >= 1.0
+        assert r["speedup_vs_plain"] > 0
+        if r["temperature"] == 0.0:
+            assert r["output_equals_plain_greedy"] is True, r
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_oracle_bench_reaches_each_tau(tmp_path):
+    out = tmp_path / "oracle.json"
+    assert main(["bench", "oracle", "--shape", "tiny", "--dtype", "float32", "--new-tokens", "36",
+                 "--taus", "2,4", "--tree-sizes", "10", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = [r for r in rows if r["method"].startswith("oracle")]
+    assert len(spec) == 4
+    for r in spec:
+        assert r["output_equals_plain_greedy"] is True
+        assert r["tau"] == pytest.approx(r["target_tau"], abs=0.2)

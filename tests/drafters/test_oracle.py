@@ -1,0 +1,67 @@
+"""The oracle drafter: trees are valid, within budget, and verification accepts exactly k tokens plus the bonus."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stree.drafter_service.drafters.oracle import OracleDrafter
+from stree.protocols.drafter import DraftBudget
+from stree.protocols.sampling import SamplingParams
+from stree.verifier.decode.loop import generate
+
+PROMPT = [3, 1, 4]
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(0, 6), extra=st.integers(0, 30), width=st.integers(1, 5), seed=st.integers(0, 99))
+def test_tree_holds_the_right_chain_then_only_wrong_tokens(k, extra, width, seed):
+    cont = [(7 * i + 2) % 50 for i in range(40)]
+    nodes = k + 2 + extra
+    budget = DraftBudget(max_nodes=64, max_depth=10, max_width=width)
+    session = OracleDrafter(PROMPT, cont, 50, k, nodes, seed).open(PROMPT, SamplingParams())
+    tree = session.draft(budget)
+    assert budget.violation(tree) is None
+    assert tree.num_nodes <= nodes
+    # walking the known continuation from the root matches exactly k levels
+    node, depth = 0, 0
+    kids = tree.children()
+    while True:
+        nxt = [c for c in kids[node] if int(tree.tokens[c]) == cont[depth]]
+        assert len(nxt) <= 1
+        if not nxt:
+            break
+        node, depth = nxt[0], depth + 1
+    assert depth == k
+
+
+def test_greedy_generation_accepts_tau_and_equals_plain(models):
+    target = models["hybrid"]
+    cont = generate(target, PROMPT, max_new_tokens=40).token_ids
+    for k, nodes in ((1, 3), (3, 12), (5, 20)):
+        res = generate(target, PROMPT, drafter=OracleDrafter(PROMPT, cont, target.vocab_size, k, nodes),
+                       max_new_tokens=30)
+        assert res.token_ids == cont[:30]
+        # every step accepts k + 1 tokens, but the last may be cut short by max_new_tokens
+        assert res.stats["steps"] == -(-30 // (k + 1))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="cannot hold a chain"):
+        OracleDrafter(PROMPT, [1, 2], 50, 3, nodes=4)
+    with pytest.raises(ValueError, match="other than the one"):
+        OracleDrafter(PROMPT, [1, 2], 50, 1).open([9], SamplingParams())
+
+
+def test_refresh_recovers_from_a_wrong_continuation(models):
+    from stree.bench.oracle import greedy_refresher
+
+    target = models["hybrid"]
+    cont = generate(target, PROMPT, max_new_tokens=40).token_ids
+    wrong = cont[:10] + [(t + 1) % target.vocab_size for t in cont[10:]]
+    drafter = OracleDrafter(PROMPT, wrong, target.vocab_size, 3, 8, refresh=greedy_refresher(target, 16, 128))
+    res = generate(target, PROMPT, drafter=drafter, max_new_tokens=36)
+    assert res.token_ids == cont[:36]
+    assert drafter.refreshes >= 1 and drafter.refresh_s > 0
+    assert res.stats["mean_accepted_length"] > 3.0  # back on track after the refresh

@@ -1,0 +1,96 @@
+"""GPU-only checks (skipped without CUDA; run on the device machine): kernels + CUDA graphs keep output exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import stree
+from stree.kernels import backend
+from stree.verifier.model.checkpoint import init_model, load_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def gpu_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    shape = dict(d_model=256, n_layer=4, d_state=64, headdim=64, vocab_size=1000)
+    dirs = {
+        "mamba2": init_model(root / "m", arch="mamba2", seed=1, **shape),
+        "hybrid": init_model(root / "h", arch="hybrid", attn_layers=[2], seed=2, **shape),
+        "draft": init_model(root / "d", arch="mamba2", seed=3, d_model=128, n_layer=2, d_state=32, headdim=32,
+                            vocab_size=1000),
+    }
+    return dirs
+
+
+def _load(path, dtype):
+    model = load_model(path, device="cuda", dtype=dtype)
+    with torch.no_grad():  # peaked distributions: fewer near-ties, a sharper test
+        model.backbone.norm_f.weight.mul_(8.0)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+def test_graphed_triton_greedy_equals_plain_greedy_fp32(gpu_models, arch):
+    backend.use("triton")
+    try:
+        target = _load(gpu_models[arch], torch.float32)
+        draft = _load(gpu_models["draft"], torch.float32)
+        for prompt in ([1, 2, 3], list(range(40, 90))):
+            plain = stree.generate(target, prompt, max_new_tokens=48, cuda_graphs=False).token_ids
+            plain_g = stree.generate(target, prompt, max_new_tokens=48).token_ids
+            assert plain_g == plain
+            for drafter, opts, d in [("chain", {}, target), ("static-tree", {"tree_widths": "3,2,2,1"}, draft),
+                                     ("mamba", {"tree": "beam:4x3"}, target), ("ngram", {}, None)]:
+                got = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=48, **opts)
+                assert got.token_ids == plain, (arch, drafter)
+    finally:
+        backend.use(None)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+def test_graphs_do_not_change_bf16_results(gpu_models, arch):
+    target = _load(gpu_models[arch], torch.bfloat16)
+    prompt = list(range(7, 30))
+    for drafter, d in [(None, None), ("chain", target)]:
+        eager = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40, cuda_graphs=False)
+        graph = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40)
+        assert graph.token_ids == eager.token_ids
+
+
+def test_graphed_beam_draft_equals_eager_beam_draft(gpu_models):
+    from stree import DraftBudget, SamplingParams
+    from stree.drafter_service.drafters.mamba.drafter import MambaDrafter
+
+    draft = _load(gpu_models["draft"], torch.float32)
+    budget = DraftBudget(max_nodes=64, max_depth=8, max_width=8)
+    context = list(range(3, 40))
+    trees = []
+    for graphs in (True, False):
+        session = MambaDrafter(draft, "beam:4x3", cuda_graphs=graphs).open(context, SamplingParams())
+        got = [session.draft(budget)]
+        session.commit([7, 8, 9])
+        got.append(session.draft(budget))
+        trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
+    assert trees[0] == trees[1]
+
+
+@pytest.mark.parametrize("spec, temperature", [("chain:4", 0.0), ("static:3,2,1", 0.0), ("chain:4", 1.0),
+                                               ("static:3,1,1,1", 1.0)])
+def test_graphed_static_draft_equals_eager_static_draft(gpu_models, spec, temperature):
+    from stree import DraftBudget, SamplingParams
+    from stree.drafter_service.drafters.mamba.drafter import MambaDrafter
+
+    draft = _load(gpu_models["draft"], torch.float32)
+    budget = DraftBudget(max_nodes=64, max_depth=8, max_width=8)
+    params = SamplingParams(temperature=temperature, seed=3)
+    trees = []
+    for graphs in (True, False):
+        session = MambaDrafter(draft, spec, cuda_graphs=graphs).open(list(range(3, 40)), params)
+        got = [session.draft(budget)]
+        session.commit([7, 8, 9])
+        got.append(session.draft(budget))
+        trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
+    assert trees[0] == trees[1]

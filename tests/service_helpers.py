@@ -1,0 +1,44 @@
+"""What the loopback service tests share: a real local Ray + DrafterService stack, and polling."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+import ray
+
+from stree.drafter_service.actors import PoolConfig, init_ray
+from stree.drafter_service.service import DrafterServer
+from stree.proto.rpc import shared_loop
+
+
+def wait_until(cond, timeout: float = 60.0) -> bool:
+    """Poll ``cond`` every 50 ms until it holds or ``timeout`` passes; returns its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@contextlib.contextmanager
+def drafter_service(drafters, replicas: int = 1, options_for=None, test_module: str | None = None,
+                    start_timeout: float = 240.0):
+    """A running DrafterService on a fresh local Ray cluster; shut down (Ray included) on exit.
+
+    ``test_module``: a test module whose drafter classes Ray workers must receive by value.
+    """
+    if test_module is not None:
+        ray.cloudpickle.register_pickle_by_value(sys.modules[test_module])
+    init_ray("local")
+    loop = shared_loop()
+    kwargs = {"options_for": options_for} if options_for is not None else {}
+    srv = DrafterServer(port=0, drafters=list(drafters), pool_config=PoolConfig(replicas=replicas), **kwargs)
+    try:
+        loop.run(srv.start(), start_timeout)
+        yield srv
+    finally:
+        loop.run(srv.stop(0), 30)
+        ray.shutdown()

@@ -1,0 +1,126 @@
+"""The batched engine: greedy output equals per-prompt plain greedy, token for token, at batch 1, 3, 8.
+
+Every tree shape and drafter kind (device drafts: chain, static, beam; host drafters: n-gram),
+pure Mamba2 and hybrid targets, prompts of different lengths, sequences that stop early (stop
+token, small max_new_tokens) and sequences that join mid-run (more prompts than slots).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import stree
+from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+from stree.protocols import SamplingParams, create_drafter
+from stree.verifier.decode.engine import Engine, Request
+
+
+def _prompts(n: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
+    lengths = torch.randint(1, 14, (n,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (k,), generator=gen).tolist() for k in lengths]
+
+
+def _plain(model, prompt, n, stop=()):
+    return stree.generate(model, prompt, drafter=None, max_new_tokens=n, stop_token_ids=stop,
+                          cuda_graphs=False).token_ids
+
+
+def _reference(model, prompt, n, stop=()):
+    """Plain greedy by hand (prefill + argmax steps): the engine-independent truth."""
+    state = model.new_state(1, len(prompt) + n + 2)
+    if len(prompt) > 1:
+        model.prefill(torch.tensor([prompt[:-1]]), state)
+    out, tok = [], prompt[-1]
+    for _ in range(n):
+        tok = int(model.step(torch.tensor([tok]), state)[0].argmax())
+        out.append(tok)
+        if tok in stop:
+            break
+    return out
+
+
+@pytest.mark.parametrize("target", ["mamba2", "hybrid"])
+@pytest.mark.parametrize("shape", ["chain:3", "static:2,2,1", "beam:3x2"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_device_drafts_equal_plain_greedy(models, target, shape, batch):
+    model, draft = models[target], models["draft"]
+    gen = torch.Generator().manual_seed(batch * 7 + len(shape))
+    prompts = _prompts(batch + 2, model.vocab_size, gen)  # more prompts than slots: some join mid-run
+    limits = [5 + (i * 3) % 9 for i in range(len(prompts))]
+    engine = Engine(model, DeviceTreeDrafter(draft), [shape], max_batch=batch, max_seqlen=64)
+    reqs = engine.run([Request(p, max_new_tokens=m) for p, m in zip(prompts, limits)])
+    for req, p, m in zip(reqs, prompts, limits):
+        assert req.output == _reference(model, p, m), (shape, p)
+        assert req.finish_reason == "length"
+    assert engine.num_running == 0 and not engine.waiting
+
+
+def test_stop_tokens_end_sequences_early(models):
+    model, draft = models["hybrid"], models["draft"]
+    prompts = [[3, 4, 5], [7], [1, 2, 3, 4, 5, 6]]
+    plain = [_reference(model, p, 20) for p in prompts]
+    stop = {plain[0][4]}  # the 5th token of the first sequence stops it (and maybe others)
+    engine = Engine(model, DeviceTreeDrafter(draft), ["beam:3x2"], max_batch=2, max_seqlen=64)
+    reqs = engine.run([Request(p, max_new_tokens=20, stop_token_ids=frozenset(stop)) for p in prompts])
+    for req, p in zip(reqs, prompts):
+        assert req.output == _reference(model, p, 20, stop)
+    assert reqs[0].finish_reason == "stop" and len(reqs[0].output) <= 5
+
+
+def test_plain_engine_and_goodput_choice_equal_plain(models):
+    model, draft = models["mamba2"], models["draft"]
+    prompts = [[5, 9, 13], [2], [40, 41, 42, 43]]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2", "static:2,1", "beam:2x2"],
+                    max_batch=3, max_seqlen=96, goodput=True)
+    reqs = engine.run([Request(p, max_new_tokens=30) for p in prompts])
+    assert [r.output for r in reqs] == [_reference(model, p, 30) for p in prompts]
+    tried = {row["shape"] for row in engine.goodput.table() if row["steps"] > 0}
+    assert tried == {"none", "chain:2", "static:2,1", "beam:2x2"}
+
+
+def test_host_drafter_trees_are_padded_into_the_step(models):
+    model = models["hybrid"]
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [9, 8, 9, 8, 9], [4]]
+    ngram = create_drafter("ngram")
+    reqs = [Request(p, max_new_tokens=25, drafter_session=ngram.open(p, SamplingParams())) for p in prompts]
+    engine = Engine(model, "host", max_batch=2, max_seqlen=64)
+    engine.run(reqs)
+    assert [r.output for r in reqs] == [_reference(model, p, 25) for p in prompts]
+
+
+def test_cancel_frees_the_slot(models):
+    model, draft = models["mamba2"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=1, max_seqlen=64)
+    a = engine.add(Request([1, 2, 3], max_new_tokens=40))
+    b = engine.add(Request([4, 5], max_new_tokens=6))
+    engine.step()
+    a.cancel()
+    while engine.has_work:
+        engine.step()
+    assert a.finish_reason == "cancelled" and len(a.output) < 40
+    assert b.output == _reference(model, [4, 5], 6)
+    assert engine.num_running == 0
+
+
+def test_generate_takes_a_list_of_prompts(models):
+    model, draft = models["hybrid"], models["draft"]
+    prompts = [[5, 6, 7], [8], [1, 1, 2, 3, 5]]
+    outs = stree.generate(model, prompts, drafter="mamba", draft_model=draft, tree="beam:3x2", max_new_tokens=12)
+    assert isinstance(outs, list) and len(outs) == 3
+    assert [o.token_ids for o in outs] == [_plain(model, p, 12) for p in prompts]
+    assert all(o.stats["mean_accepted_length"] >= 1.0 for o in outs)
+    one = stree.generate(model, prompts[0], drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=12)
+    assert one.token_ids == outs[0].token_ids
+
+
+def test_bad_requests_are_refused_before_any_work(models):
+    engine = Engine(models["mamba2"], None, max_batch=1, max_seqlen=16)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.add(Request([], max_new_tokens=3))
+    with pytest.raises(ValueError, match="prompt token ids"):
+        engine.add(Request([10**6], max_new_tokens=3))
+    with pytest.raises(ValueError, match="tokens per sequence"):
+        engine.add(Request([1] * 10, max_new_tokens=100))
+    with pytest.raises(ValueError, match="needs a drafter"):
+        Engine(models["mamba2"], None, ["chain:2"])

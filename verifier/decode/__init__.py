@@ -1,0 +1,1 @@
+"""Decoding: the speculative loop (draft, tree forward, verify, commit) and lossless verification."""

@@ -1,0 +1,597 @@
+"""The batched speculative engine: B sequence slots, one device-resident step for all of them.
+
+A step is draft -> target tree pass -> verification -> both commits, as tensor code over
+``[slots, nodes]`` with fixed shapes per tree shape, so on CUDA it is one graph replay per step
+(captured once per shape and sampling mode). The host reads back only the emitted tokens and
+their counts, asynchronously: step k+1 is launched before step k's tokens are read, so the host's
+bookkeeping overlaps the GPU. Sequences join (prefill into a free slot) and leave (stop token,
+token limit, cancel) between steps. Host drafters (n-gram, retrieval, remote, plugins) hand in
+TokenTrees that are padded into a fixed node bucket and copied to the device once per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from stree.kernels.cuda_graph import capture_graph
+from stree.protocols.device_drafter import DeviceDrafter
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, DrafterSession
+from stree.protocols.sampling import RowSampling, SamplingParams
+from stree.protocols.token_tree import DraftMode, TreeBatch
+from stree.protocols.tree_shape import TreeShape
+from stree.protocols.validate import tree_problem
+from stree.verifier.decode.goodput import GoodputController
+from stree.verifier.decode.verify_device import verify_batch
+from stree.verifier.model.lm import StreeLM
+
+log = logging.getLogger(__name__)
+
+PLAIN = TreeShape.parse("none")
+
+
+@dataclass
+class Request:
+    """One generation in the engine: its prompt and limits, and what it has emitted so far."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int = 64
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset = frozenset()
+    request_id: object = None
+    drafter_session: Optional[DrafterSession] = None  # host drafters only
+    on_tokens: Optional[Callable[["Request", list[int]], None]] = None
+    output: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled"
+    steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    drafter_fallbacks: int = 0
+    host_drafted: int = 0  # nodes below the root in this step's host tree
+    root_token: int = -1  # the last chosen token, not yet fed (host drafters' tree roots)
+    prefill_s: float = 0.0
+    submitted_s: float = field(default_factory=time.perf_counter)
+    first_token_s: Optional[float] = None
+    finished_s: Optional[float] = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this request at the next step boundary (its slot is freed)."""
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+
+    def _emit(self, tokens: list[int]) -> list[int]:
+        """Append up to the limit or through a stop token; returns what was appended."""
+        room = self.max_new_tokens - len(self.output)
+        out = []
+        for tok in tokens[:room]:
+            out.append(tok)
+            if tok in self.stop_token_ids:
+                self.finish_reason = "stop"
+                break
+        self.output.extend(out)
+        if tokens:
+            self.root_token = tokens[-1]
+        if self.finish_reason is None and len(self.output) >= self.max_new_tokens:
+            self.finish_reason = "length"
+        if out and self.first_token_s is None:
+            self.first_token_s = time.perf_counter()
+        if self.done:
+            self.finished_s = time.perf_counter()
+        return out
+
+    @property
+    def stats(self) -> dict:
+        end = self.finished_s or time.perf_counter()
+        elapsed = end - self.submitted_s
+        n = len(self.output)
+        return {
+            "steps": self.steps,
+            "new_tokens": n,
+            "mean_accepted_length": n / self.steps if self.steps else 0.0,
+            "tokens_per_s": n / elapsed if elapsed > 0 else 0.0,
+            "elapsed_s": elapsed,
+            "prefill_s": self.prefill_s,
+            "time_to_first_token_s": (self.first_token_s - self.submitted_s) if self.first_token_s else None,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_draft_tokens": self.num_accepted_draft_tokens,
+            "num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+            "drafter_fallbacks": self.drafter_fallbacks,
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass
+class _Launched:
+    """A step whose outputs are still on their way to the host."""
+
+    shape: TreeShape
+    slots: list  # the request in each slot when the step was launched (None: idle)
+    event: object
+    tokens: torch.Tensor  # host copies (pinned on CUDA)
+    counts: torch.Tensor
+    host_s: float
+    drafted: int
+    timer: tuple  # (start, end) CUDA events, or the step's wall seconds on the CPU
+
+
+class Engine:
+    """B slots of target state (and of a device drafter's state), stepped together.
+
+    ``drafter`` is None (plain decoding), a ``DeviceDrafter`` (its whole draft runs in the step
+    graph), or ``"host"``, in which case each request brings its own ``drafter_session``.
+    ``shapes``: the tree shapes to choose from each step (``goodput=True`` picks the one with the
+    best expected tokens per second, plain decoding included); the first is used otherwise.
+    """
+
+    def __init__(self, model: StreeLM, drafter=None, shapes: Sequence[TreeShape | str] = (),
+                 max_batch: int = 8, max_seqlen: int = 4096, cuda_graphs: Optional[bool] = None,
+                 goodput: bool = False, budget: DraftBudget = DEFAULT_BUDGET, seed: Optional[int] = None,
+                 overlap: bool = True):
+        self.model = model
+        self.device = model.device
+        self.batch = int(max_batch)
+        if self.batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.host = drafter == "host"
+        self.drafter: Optional[DeviceDrafter] = None if (drafter is None or self.host) else drafter
+        self.budget = budget
+        self.shapes = self._shapes(shapes)
+        self.max_nodes = max(s.num_nodes for s in self.shapes)
+        if self.host:
+            self.max_nodes = max(self.max_nodes, budget.max_nodes)
+        # every step writes up to max_nodes KV rows past a slot's length; one extra step runs after a finish
+        self.max_seqlen = int(max_seqlen) + 2 * (self.max_nodes + 1)
+        self.cuda = self.device.type == "cuda"
+        self.cuda_graphs = self.cuda if cuda_graphs is None else (bool(cuda_graphs) and self.cuda)
+        self.overlap = overlap and self.cuda
+        self.goodput = GoodputController(self.shapes) if goodput and len(self.shapes) > 1 else None
+        # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
+        self.generator = None if self.cuda else torch.Generator()
+        self.reseed(seed)
+        self._allocate()
+        self.slots: list[Optional[Request]] = [None] * self.batch
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.pending: collections.deque[_Launched] = collections.deque()
+        self.graphs: dict = {}
+        self.graphs_failed = False
+        self.metrics = collections.Counter()
+        self.step_host_s: list[float] = []
+
+    def reseed(self, seed: Optional[int]) -> None:
+        """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
+
+        A seeded run is reproducible for the same prompts in the same batch order.
+        """
+        seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
+        if self.cuda:
+            torch.cuda.manual_seed(seed)
+        else:
+            self.generator.manual_seed(seed)
+        if self.drafter is not None:
+            self.drafter.generator = self.generator
+
+    # ----- set-up -------------------------------------------------------------------------------
+    def _shapes(self, shapes) -> list[TreeShape]:
+        out = [s if isinstance(s, TreeShape) else TreeShape.parse(s) for s in shapes] or [PLAIN]
+        for s in out:
+            if s.kind == "dynamic":
+                raise ValueError("dynamic trees have no fixed layout: use a host drafter for them")
+            if s.kind != "none" and self.drafter is not None and not self.drafter.supports(s):
+                raise ValueError(f"the drafter cannot lay out {s} trees")
+            if s.kind != "none" and self.drafter is None and not self.host:
+                raise ValueError(f"tree {s} needs a drafter")
+        if self.host:
+            out = [TreeShape.parse("none"), TreeShape("host", nodes=_bucket(self.budget.max_nodes))]
+        return list(dict.fromkeys(out))
+
+    def _allocate(self) -> None:
+        b, dev = self.batch, self.device
+        self.state = self.model.new_state(b, self.max_seqlen)
+        if self.drafter is not None:
+            self.drafter.new_slots(b, self.max_seqlen)
+        self.roots = torch.zeros(b, dtype=torch.long, device=dev)
+        self.idle = torch.ones(b, dtype=torch.bool, device=dev)
+        self.sampling = RowSampling.greedy(b, dev)
+        width = max(self.max_nodes, self.budget.max_depth, *(s.max_depth for s in self.shapes if s.kind != "host"))
+        self.out_tokens = torch.zeros(b, width + 1, dtype=torch.long, device=dev)
+        self.out_counts = torch.zeros(b, dtype=torch.long, device=dev)
+        # host trees arrive here: tokens, parents, depth, valid as one packed [4, B, N] copy
+        self.host_trees = torch.zeros(4, b, self.max_nodes, dtype=torch.long, device=dev)
+        self.host_q = None
+        self._layouts: dict = {}
+
+    def _layout(self, shape: TreeShape):
+        """Depths, node counts and an all-valid mask of a fixed layout, as device constants."""
+        if shape not in self._layouts:
+            b, n, dev = self.batch, shape.num_nodes, self.device
+            depth = torch.tensor(shape.depths(), device=dev).expand(b, n).contiguous()
+            count = torch.full((b,), n, dtype=torch.long, device=dev)
+            self._layouts[shape] = (depth, count, torch.ones(b, n, dtype=torch.bool, device=dev))
+        return self._layouts[shape]
+
+    # ----- requests -----------------------------------------------------------------------------
+    def add(self, request: Request) -> Request:
+        """Queue a request; it joins a free slot at the next step boundary."""
+        prompt = request.prompt_ids
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        if min(prompt) < 0 or max(prompt) >= self.model.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.model.vocab_size})")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        room = self.max_seqlen - 2 * (self.max_nodes + 1)
+        if len(prompt) + request.max_new_tokens > room:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({request.max_new_tokens}) is over "
+                             f"the engine's {room} tokens per sequence")
+        if self.host and request.drafter_session is None:
+            raise ValueError("a host-drafter engine needs each request's drafter_session")
+        self.waiting.append(request)
+        return request
+
+    @property
+    def num_running(self) -> int:
+        return sum(r is not None for r in self.slots)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.num_running > 0 or bool(self.pending)
+
+    def _admit(self) -> None:
+        """Prefill waiting requests into free slots (eager, between steps)."""
+        changed = False
+        for i in range(self.batch):
+            if not self.waiting:
+                break
+            if self.slots[i] is not None:
+                continue
+            req = self.waiting.popleft()
+            if req.done:  # cancelled while waiting
+                continue
+            t0 = time.perf_counter()
+            ctx = torch.tensor(req.prompt_ids[:-1], dtype=torch.long, device=self.device)
+            one = self.model.new_state(1, len(req.prompt_ids) + 1)
+            if ctx.numel():
+                self.model.prefill(ctx.reshape(1, -1), one)
+            self.state.assign_row(i, one)
+            if self.drafter is not None:
+                self.drafter.prefill_slot(i, ctx)
+            self.roots[i] = req.prompt_ids[-1]
+            req.root_token = req.prompt_ids[-1]
+            self.sampling.set_row(i, req.params)
+            self.slots[i] = req
+            req.prefill_s = time.perf_counter() - t0
+            changed = True
+        if changed:
+            self._sync_idle()
+
+    def _release(self, i: int) -> None:
+        req = self.slots[i]
+        self.slots[i] = None
+        if req is not None and req.drafter_session is not None:
+            try:
+                req.drafter_session.close()
+            except Exception as exc:  # noqa: BLE001 - a plugin's close must not stop the engine
+                log.warning("drafter close failed: %r", exc)
+
+    def _sync_idle(self) -> None:
+        self.idle.copy_(torch.tensor([r is None for r in self.slots], device=self.device))
+
+    # ----- the step (device code) -----------------------------------------------------------------
+    def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int):
+        trees = TreeBatch(tokens, parents, depth, count)
+        logits, acts = self.model.tree_forward(trees, self.state)
+        n = tokens.shape[1]
+        u = torch.rand(2, self.batch, n, device=self.device, generator=self.generator)
+        res = verify_batch(tokens, parents, valid, logits, self.sampling.temperature, self.sampling.top_k,
+                           self.sampling.top_p, mode, q, u[0], u[1], max_depth=max_depth,
+                           max_width=max_width)
+        self.model.commit(self.state, acts, res.path, res.path_len)
+        return res
+
+    def _finish_step(self, res) -> None:
+        width = res.out_tokens.shape[1]
+        self.out_tokens[:, :width].copy_(res.out_tokens)
+        self.out_counts.copy_(res.num_out)
+        self.roots.copy_(res.bonus)
+        self.state.seqlen.masked_fill_(self.idle, 0)
+        if self.drafter is not None:
+            self.drafter.park(self.idle)
+
+    def _plain_step(self, any_sampled: bool):
+        logits = self.model.step(self.roots, self.state)
+        if self.drafter is not None:
+            self.drafter.step_roots(self.roots)
+        depth, count, valid = self._layout(PLAIN)
+        u = torch.rand(2, self.batch, 1, device=self.device, generator=self.generator)
+        res = verify_batch(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
+                           self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
+                           DraftMode.DETERMINISTIC, None, u[0], u[1], max_depth=0, max_width=1)
+        self._finish_step(res)
+
+    def _device_step(self, shape: TreeShape, any_sampled: bool):
+        draft = self.drafter.draft(shape, self.roots, self.sampling, any_sampled)
+        depth, count, valid = self._layout(shape)
+        res = self._verify_commit(draft.tokens, draft.parents, depth, count, valid,
+                                  draft.q if any_sampled else None, draft.mode if any_sampled else
+                                  DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width)
+        self.drafter.commit(res.path, res.path_len)
+        self._finish_step(res)
+
+    def _host_step(self, shape: TreeShape, mode: DraftMode, with_q: bool):
+        tokens, parents, depth, valid = self.host_trees[:, :, : shape.nodes]
+        count = valid.sum(-1)
+        q = self.host_q if with_q else None
+        res = self._verify_commit(tokens, parents, depth, count, valid.bool(), q, mode,
+                                  self.budget.max_depth, self.budget.max_width)
+        self._finish_step(res)
+
+    def _run(self, key) -> None:
+        """Run the step ``key`` names, replaying its CUDA graph when graphs are on."""
+        fn = self._step_fn(key)
+        if not self.cuda_graphs or self.graphs_failed:
+            fn()
+            return
+        graph = self.graphs.get(key)
+        if graph is None:
+            try:
+                graph = self._capture(fn)
+            except Exception as exc:  # noqa: BLE001 - a capture failure costs speed, never output
+                log.warning("step graph capture failed (%r); running eagerly from now on", exc)
+                self.graphs_failed = True
+                fn()
+                return
+            self.graphs[key] = graph
+        graph.replay()
+
+    def _step_fn(self, key):
+        kind = key[0]
+        if kind == "none":
+            return lambda: self._plain_step(key[1])
+        if kind == "host":
+            return lambda: self._host_step(key[1], key[2], key[3])
+        return lambda: self._device_step(key[1], key[2])
+
+    def _capture(self, fn):
+        """Capture ``fn`` as a graph, then restore every state its warm-up runs advanced."""
+        saved = [t.clone() for t in self._mutable()]
+        graph, _ = capture_graph(fn, warmup=2)
+        for t, s in zip(self._mutable(), saved):
+            t.copy_(s)
+        return graph
+
+    def _mutable(self) -> list[torch.Tensor]:
+        tensors = [self.roots, self.state.seqlen, self.out_tokens, self.out_counts]
+        for layer in self.state.layers:
+            tensors += list(vars(layer).values())
+        if self.drafter is not None:
+            tensors.append(self.drafter.state.seqlen)
+            for layer in self.drafter.state.layers:
+                tensors += list(vars(layer).values())
+        return tensors
+
+    # ----- one engine step (host side) ------------------------------------------------------------
+    def step(self) -> list[tuple[Request, list[int]]]:
+        """Admit, launch one step for every slot, and emit what the previous step produced.
+
+        Returns ``(request, new tokens)`` pairs; finished requests have left their slots.
+        """
+        t0 = time.perf_counter()
+        self._drop_cancelled()
+        self._admit()
+        emitted: list = []
+        if self.num_running:
+            launched = self._launch(t0)
+            self.pending.append(launched)
+        while self.pending and (len(self.pending) > 1 or not self.overlap or not self.num_running
+                                or self.host):
+            emitted += self._collect(self.pending.popleft())
+        return emitted
+
+    def _drop_cancelled(self) -> None:
+        freed = False
+        for i, req in enumerate(self.slots):
+            if req is not None and req.done:
+                self._release(i)
+                freed = True
+        if freed:
+            self._sync_idle()
+
+    def _choose(self) -> TreeShape:
+        if self.host:
+            return self.shapes[-1]
+        if self.goodput is not None:
+            return self.goodput.choose()
+        return self.shapes[0]
+
+    def _launch(self, t0: float) -> _Launched:
+        shape = self._choose()
+        any_sampled = any(r is not None and not r.params.greedy for r in self.slots)
+        drafted = 0
+        if shape.kind == "none":
+            key = ("none", any_sampled)
+        elif shape.kind == "host":
+            mode, with_q, drafted = self._stage_host_trees(shape, any_sampled)
+            key = ("host", shape, mode, with_q)
+        else:
+            key = ("tree", shape, any_sampled)
+            drafted = shape.num_nodes - 1
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._run(key)
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            timer = (start, end)
+        else:
+            t1 = time.perf_counter()
+            self._run(key)
+            timer = (time.perf_counter() - t1,)
+        if self.cuda:
+            tokens = torch.empty(self.out_tokens.shape, dtype=torch.long, pin_memory=True)
+            counts = torch.empty(self.out_counts.shape, dtype=torch.long, pin_memory=True)
+            tokens.copy_(self.out_tokens, non_blocking=True)
+            counts.copy_(self.out_counts, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
+        return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer)
+
+    def _collect(self, step: _Launched) -> list[tuple[Request, list[int]]]:
+        t0 = time.perf_counter()
+        if step.event is not None:
+            step.event.synchronize()
+        t1 = time.perf_counter()
+        tokens, counts = step.tokens.tolist(), step.counts.tolist()
+        out, accepted = [], []
+        freed = False
+        for i, req in enumerate(step.slots):
+            if req is None or req.done:
+                continue
+            new = tokens[i][: counts[i]]
+            req.steps += 1
+            drafted = step.drafted if step.shape.kind != "host" else req.host_drafted
+            req.num_draft_tokens += drafted
+            req.num_accepted_draft_tokens += len(new) - 1
+            for pos in range(len(new) - 1):
+                if pos == len(req.accepted_per_pos):
+                    req.accepted_per_pos.append(0)
+                req.accepted_per_pos[pos] += 1
+            accepted.append(len(new))
+            got = req._emit(new)
+            if req.drafter_session is not None and not req.done:
+                self._commit_host(req, new)
+            if got:
+                out.append((req, got))
+                if req.on_tokens is not None:
+                    req.on_tokens(req, got)
+            if req.done and self.slots[i] is req:
+                self._release(i)
+                freed = True
+        if freed:
+            self._sync_idle()
+        host_s = step.host_s + (time.perf_counter() - t1)
+        self.step_host_s.append(host_s)
+        self.metrics["steps"] += 1
+        self.metrics["waited_s"] += t1 - t0
+        seconds = step.timer[0] if len(step.timer) == 1 else step.timer[0].elapsed_time(step.timer[1]) / 1e3
+        self.metrics["gpu_s"] += seconds
+        if self.goodput is not None and accepted:
+            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds)
+        return out
+
+    # ----- host drafters ----------------------------------------------------------------------------
+    def _stage_host_trees(self, shape: TreeShape, any_sampled: bool):
+        """Ask every slot's drafter session for a tree; pad them into one [4, B, N] copy to the device."""
+        n, vocab = shape.nodes, self.model.vocab_size
+        packed = torch.zeros(4, self.batch, n, dtype=torch.long)
+        packed[2] = 1  # padding nodes: children of the root, never valid
+        trees, mode = [None] * self.batch, None
+        total = 0
+        for i, req in enumerate(self.slots):
+            if req is None:
+                continue
+            tree = self._host_draft(req)
+            if tree is not None and tree.num_nodes > 1 and mode is None:
+                mode = tree.mode
+            if tree is not None and tree.num_nodes > 1 and tree.mode is not mode:
+                tree = None  # one verification rule per step; a tree of another kind waits its turn
+            trees[i] = tree
+        mode = mode or DraftMode.DETERMINISTIC
+        with_q = any_sampled and mode is not DraftMode.DETERMINISTIC
+        q = torch.zeros(self.batch, n, vocab) if with_q else None
+        for i, tree in enumerate(trees):
+            req = self.slots[i]
+            packed[0, i, 0] = req.root_token if req is not None else 0
+            packed[1, i, 0] = -1
+            packed[2, i, 0] = 0
+            packed[3, i, 0] = 1
+            if req is not None:
+                req.host_drafted = 0
+            if tree is None:
+                continue
+            m = tree.num_nodes
+            packed[0, i, :m] = tree.tokens
+            packed[1, i, :m] = tree.parents
+            packed[2, i, :m] = tree.depth
+            packed[3, i, :m] = 1
+            req.host_drafted = m - 1
+            total += m - 1
+            if with_q and tree.draft_probs is not None:
+                q[i, :m] = tree.draft_probs
+        self.host_trees[:, :, :n].copy_(packed.to(self.device, non_blocking=False))
+        if with_q:
+            if self.host_q is None or self.host_q.shape != q.shape:
+                self.host_q = torch.zeros(q.shape, device=self.device)
+            self.host_q.copy_(q)
+        return mode, with_q, total
+
+    def _host_draft(self, req: Request):
+        """The session's tree for this step, or None (a plain step for this slot) when it is unusable."""
+        budget = DraftBudget(min(self.budget.max_nodes, self.shapes[-1].nodes), self.budget.max_depth,
+                             self.budget.max_width)
+        try:
+            tree = req.drafter_session.draft(budget)
+            why = tree_problem(tree, req.root_token, budget, self.model.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - a broken drafter costs speed, never output
+            why = f"drafter failed: {exc!r}"
+        if why is not None:
+            req.drafter_fallbacks += 1
+            if req.drafter_fallbacks <= 3 or req.drafter_fallbacks % 100 == 0:
+                log.warning("drafter skipped for this step (%d so far): %s", req.drafter_fallbacks, why)
+            return None
+        return tree
+
+    def _commit_host(self, req: Request, new: list[int]) -> None:
+        try:
+            req.drafter_session.commit(new)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("drafter commit failed (%r); continuing without the drafter", exc)
+            req.drafter_session = _DeadSession()
+
+    # ----- whole runs ---------------------------------------------------------------------------------
+    def run(self, requests: Sequence[Request]) -> list[Request]:
+        """Add ``requests`` and step until all of them are done."""
+        for r in requests:
+            self.add(r)
+        while self.has_work:
+            self.step()
+        return list(requests)
+
+    @property
+    def host_step_stats(self) -> dict:
+        """Host time per step (launch + bookkeeping, excluding waits for the GPU), in microseconds."""
+        xs = sorted(self.step_host_s)
+        if not xs:
+            return {}
+        return {"host_us_p50": 1e6 * xs[len(xs) // 2], "host_us_mean": 1e6 * sum(xs) / len(xs),
+                "host_us_p90": 1e6 * xs[int(0.9 * (len(xs) - 1))]}
+
+
+class _DeadSession:
+    """Stands in for a host drafter that failed for good: always the empty draft."""
+
+    def draft(self, budget):
+        raise RuntimeError("drafter is gone")
+
+    def commit(self, tokens):
+        return None
+
+    def close(self):
+        return None
+
+
+def _bucket(n: int) -> int:
+    """Host trees are padded to a power of two nodes (few graphs, little padding)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))

@@ -1,0 +1,311 @@
+"""StreeLM: a Mamba2 or hybrid Mamba2+attention language model laid out like mamba_ssm's MambaLMHeadModel.
+
+Besides the plain forward it exposes the inference modes speculative decoding needs, all over an
+explicit ``LMState``: ``prefill``, ``step``, ``tree_forward`` (every node of a tree batch in one
+pass, state untouched) and ``commit`` (advance along the accepted path by activation replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stree.kernels import ops
+from stree.kernels.backend import capturing
+from stree.kernels.tree_scan import tree_ancestor_mask
+from stree.protocols.token_tree import TokenTree, TreeBatch
+
+from stree.verifier.model.attention import AttnLayerState, Attention
+from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaLayerState
+
+
+def _norm(config: ModelConfig, dim: int) -> nn.Module:
+    if config.rms_norm:
+        return nn.RMSNorm(dim, eps=config.norm_epsilon)
+    return nn.LayerNorm(dim, eps=config.norm_epsilon)
+
+
+class GatedMLP(nn.Module):
+    """mamba_ssm's GatedMLP: ``fc2(a * silu(g))`` with ``a, g = fc1(x).chunk(2)``."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        a, g = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(a * F.silu(g))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: mixer (Mamba2 or attention), then an optional gated MLP."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.is_attention = config.is_attention(layer_idx)
+        self.norm = _norm(config, config.d_model)
+        self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
+        if config.d_intermediate > 0:
+            self.norm2 = _norm(config, config.d_model)
+            self.mlp = GatedMLP(config.d_model, config.mlp_hidden)
+        else:
+            self.mlp = None
+        self.residual_in_fp32 = config.residual_in_fp32
+
+    def _add_norm(self, norm: nn.Module, hidden, residual):
+        """Residual add + norm; RMSNorm goes through the fused op (one kernel on the GPU)."""
+        if isinstance(norm, nn.RMSNorm):
+            return ops.add_rmsnorm(hidden, residual, norm.weight, norm.eps, self.residual_in_fp32)
+        residual = hidden if residual is None else hidden + residual
+        if self.residual_in_fp32:
+            residual = residual.float()
+        return norm(residual.to(norm.weight.dtype)), residual
+
+    def run(self, hidden, residual, mix):
+        """``mix(normed)`` is the mixer call for the current mode."""
+        normed, residual = self._add_norm(self.norm, hidden, residual)
+        hidden = mix(normed)
+        if self.mlp is None:
+            return hidden, residual
+        normed, residual = self._add_norm(self.norm2, hidden, residual)
+        return self.mlp(normed), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embedding = nn.Embedding(config.padded_vocab_size, config.d_model)
+        self.layers = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.norm_f = _norm(config, config.d_model)
+
+
+@dataclass
+class LMState:
+    """Per-layer recurrent state and KV cache for a batch, plus tokens fed so far (``seqlen``)."""
+
+    layers: list
+    seqlen: torch.Tensor  # [B] long
+    max_seqlen: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def clone(self) -> "LMState":
+        def c(s):
+            if isinstance(s, MambaLayerState):
+                return MambaLayerState(s.conv_state.clone(), s.ssm_state.clone())
+            return AttnLayerState(s.k_cache.clone(), s.v_cache.clone())
+
+        return LMState([c(s) for s in self.layers], self.seqlen.clone(), self.max_seqlen)
+
+    def select(self, index: torch.Tensor) -> "LMState":
+        """A new state made of the rows ``index`` (rows may repeat, e.g. to fan out a beam)."""
+        def s_(s):
+            if isinstance(s, MambaLayerState):
+                return MambaLayerState(s.conv_state[index].clone(), s.ssm_state[index].clone())
+            return AttnLayerState(s.k_cache[index].clone(), s.v_cache[index].clone())
+
+        return LMState([s_(s) for s in self.layers], self.seqlen[index].clone(), self.max_seqlen)
+
+    def assign_row(self, row: int, src: "LMState") -> None:
+        """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""
+        for dst_layer, src_layer in zip(self.layers, src.layers):
+            for name, t in vars(dst_layer).items():
+                s = getattr(src_layer, name)[0]
+                if isinstance(dst_layer, AttnLayerState):
+                    t[row].zero_()
+                    t[row, : s.shape[0]].copy_(s)
+                else:
+                    t[row].copy_(s)
+        self.seqlen[row] = src.seqlen[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.seqlen.shape[0]
+
+
+@dataclass
+class TrimmedHead:
+    """VocabTrim: LM-head rows for a subset of tokens; every other token gets logit ``-inf``."""
+
+    keep: torch.Tensor  # [K] token ids
+    weight: torch.Tensor  # [K, d]
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits with every token outside the kept set at ``-inf``."""
+        out = torch.full_like(logits, float("-inf"))
+        out[..., self.keep] = logits[..., self.keep]
+        return out
+
+    def logits(self, h: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        part = (h @ self.weight.t().to(h.dtype)).float()
+        out = torch.full((*h.shape[:-1], vocab_size), float("-inf"), device=h.device)
+        out[..., self.keep] = part
+        return out
+
+
+@dataclass
+class TreeActs:
+    """What the tree pass leaves for commit: per-layer Mamba activations and the tree batch."""
+
+    layers: list
+    trees: TreeBatch
+
+
+class StreeLM(nn.Module):
+    """Mamba2 / hybrid LM with mamba_ssm's parameter names and tree-speculation inference modes."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.backbone = Backbone(config)
+        self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.backbone.embedding.weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
+        h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
+        if head is not None:
+            return head.logits(h, self.config.vocab_size)
+        # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.
+        return self.lm_head(h)[..., : self.config.vocab_size].float()
+
+    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None) -> torch.Tensor:
+        hidden, residual = self.backbone.embedding(input_ids), None
+        for block, mix in zip(self.backbone.layers, mixes):
+            hidden, residual = block.run(hidden, residual, mix)
+        return self._logits(hidden, residual, head)
+
+    def trimmed_head(self, keep: torch.Tensor) -> "TrimmedHead":
+        """An LM head restricted to token ids ``keep`` (VocabTrim), for cheaper draft steps."""
+        keep = torch.as_tensor(keep, dtype=torch.long, device=self.device).unique()
+        if keep.numel() == 0 or int(keep.min()) < 0 or int(keep.max()) >= self.vocab_size:
+            raise ValueError(f"vocabulary trim ids must be a non-empty subset of [0, {self.vocab_size})")
+        return TrimmedHead(keep, self.lm_head.weight.detach()[keep].clone())
+
+    # ----- plain forward --------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` ids -> ``[B, T, vocab]`` float32 logits, from an empty state."""
+        return self._run(input_ids, [b.mixer for b in self.backbone.layers])
+
+    # ----- inference state ------------------------------------------------------------------
+    def new_state(self, batch_size: int, max_seqlen: int) -> LMState:
+        dev, dt = self.device, self.dtype
+        layers = [
+            b.mixer.new_state(batch_size, max_seqlen, dev, dt) if b.is_attention
+            else b.mixer.new_state(batch_size, dev, dt)
+            for b in self.backbone.layers
+        ]
+        return LMState(layers, torch.zeros(batch_size, dtype=torch.long, device=dev), max_seqlen)
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if capturing():
+            return
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, state: LMState) -> torch.Tensor:
+        """Feed ``[B, T]`` tokens after the state's; returns their logits ``[B, T, V]``."""
+        self._check_ids(input_ids)
+        seqlen = state.seqlen
+        mixes = [
+            (lambda h, b=b, s=s: b.mixer.prefill(h, s, seqlen)) if b.is_attention
+            else (lambda h, b=b, s=s: b.mixer.prefill(h, s))
+            for b, s in zip(self.backbone.layers, state.layers)
+        ]
+        logits = self._run(input_ids, mixes)
+        state.seqlen += input_ids.shape[1]
+        return logits
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, state: LMState, head: "TrimmedHead | None" = None) -> torch.Tensor:
+        """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``)."""
+        seqlen = state.seqlen
+        mixes = [
+            (lambda h, b=b, s=s: b.mixer.step(h, s, seqlen)) if b.is_attention
+            else (lambda h, b=b, s=s: b.mixer.step(h, s))
+            for b, s in zip(self.backbone.layers, state.layers)
+        ]
+        logits = self._run(input_ids, mixes, head)
+        state.seqlen += 1
+        return logits
+
+    @torch.no_grad()
+    def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None):
+        """Logits ``[B, N, V]`` after every node of each tree, in one pass; ``state`` is unchanged.
+
+        ``anc_mask`` (``[B, N, N]``, optional) saves recomputing the ancestor mask on the device.
+        """
+        trees = trees.to(self.device)
+        self._check_ids(trees.tokens)
+        parents, depth = trees.parents, trees.depth
+        anc = None
+        if any(b.is_attention for b in self.backbone.layers):
+            anc = anc_mask.to(self.device) if anc_mask is not None else tree_ancestor_mask(parents)
+        seqlen = state.seqlen
+        acts: list = []
+
+        def mamba_mix(h, b, s):
+            y, a = b.mixer.tree(h, s, parents)
+            acts.append(a)
+            return y
+
+        def attn_mix(h, b, s):
+            acts.append(None)
+            return b.mixer.tree(h, s, seqlen, depth, anc)
+
+        mixes = [
+            (lambda h, b=b, s=s: attn_mix(h, b, s)) if b.is_attention else (lambda h, b=b, s=s: mamba_mix(h, b, s))
+            for b, s in zip(self.backbone.layers, state.layers)
+        ]
+        logits = self._run(trees.tokens, mixes)
+        return logits, TreeActs(acts, trees)
+
+    @torch.no_grad()
+    def commit(self, state: LMState, acts: TreeActs, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """Advance ``state`` along ``path`` (``[B, M]`` node ids, root first; ``path_len`` ``[B]``)."""
+        path = path.to(self.device)
+        path_len = path_len.to(self.device)
+        if not capturing() and bool((path_len < 1).any()):
+            raise ValueError("commit: every path must contain at least the root")
+        for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
+            if block.is_attention:
+                block.mixer.commit(s, state.seqlen, path, path_len)
+            else:
+                block.mixer.commit(s, a, path, path_len)
+        state.seqlen += path_len
+
+    # ----- batch-1 conveniences -------------------------------------------------------------
+    @torch.no_grad()
+    def score_sequence(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` ids -> ``[T, V]`` logits, by prefill from an empty state."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        state = self.new_state(1, ids.shape[1])
+        return self.prefill(ids, state)[0]
+
+    @torch.no_grad()
+    def score_tree(self, prefix_ids: torch.Tensor, tree: TokenTree) -> torch.Tensor:
+        """``[N, V]`` logits after each node of ``tree``, whose root comes right after ``prefix_ids``."""
+        tree.check_vocab(self.vocab_size)
+        prefix = torch.as_tensor(prefix_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        state = self.new_state(1, prefix.shape[1] + tree.num_nodes)
+        if prefix.shape[1]:
+            self.prefill(prefix, state)
+        logits, _ = self.tree_forward(TreeBatch.from_trees([tree]), state)
+        return logits[0]
