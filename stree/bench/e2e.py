@@ -27,7 +27,7 @@ from stree.verifier.decode.loop import generate
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.verifier.model.tokenizer import load_tokenizer
 
-METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "ngram", "retrieval", "fusion")
+METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "retrieval", "fusion")
 DEFAULT_TARGET, DEFAULT_DRAFT = "checkpoints/demo-target", "checkpoints/demo-draft"
 
 
@@ -41,6 +41,8 @@ def make_drafter(method: str, draft, datastore, args):
         return create_drafter("static-tree", draft_model=draft, tree_widths=args.static_widths)
     if method == "beam":
         return create_drafter("mamba", draft_model=draft, tree=args.beam_tree)
+    if method == "auto":  # the engine picks plain, chain or tree per step by measured goodput
+        return create_drafter("mamba", draft_model=draft, tree="auto")
     if method == "ngram":
         return create_drafter("ngram")
     if method == "retrieval":
@@ -140,7 +142,7 @@ def run(args) -> int:
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-        if m in ("chain", "static", "beam", "fusion") and draft is None:
+        if m in ("chain", "static", "beam", "auto", "fusion") and draft is None:
             raise ValueError(f"method {m} needs --draft DIR")
     datastore = None
     if {"retrieval", "fusion"} & set(methods):
@@ -182,7 +184,7 @@ def run(args) -> int:
         tps = res["tokens"] / res["decode_s"]
         row.update(tokens=res["tokens"], steps=res["steps"], decode_tokens_per_s=tps,
                    mean_accepted_length=res["tokens"] / res["steps"] if res["steps"] else None,
-                   draft_s=res.get("draft_s"), verify_s=res.get("verify_s"), commit_s=res.get("commit_s"),
+                   host_us_per_step_p50=res.get("host_us_p50"),
                    decode_s=res["decode_s"], drafter_fallbacks=res.get("fallbacks"))
         if t == 0 and (s, t) in plain_out and m != "mamba_ssm":
             row["output_equals_plain_greedy"] = outs == plain_out[(s, t)]
@@ -208,17 +210,16 @@ def save_record(path: str, record: dict) -> None:
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'set':<11}{'T':>4} {'method':<10}{'tok/s':>9}{'x plain':>8}{'x chain':>8}{'tau':>6}"
-          f"{'draft%':>7}{'verify%':>8}{'commit%':>8}{'==greedy':>9}")
+          f"{'host us':>8}{'==greedy':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['prompt_set']:<11}{r['temperature']:>4} {r['method']:<10} not run: {r['error'][:90]}")
             continue
-        d = r["decode_s"]
-        pct = lambda k: f"{100 * r[k] / d:7.0f}" if r.get(k) is not None else f"{'-':>7}"  # noqa: E731
+        host = r.get("host_us_per_step_p50")
         tau = f"{r['mean_accepted_length']:6.2f}" if r.get("mean_accepted_length") else f"{'-':>6}"
         print(f"{r['prompt_set']:<11}{r['temperature']:>4} {r['method']:<10}{r['decode_tokens_per_s']:>9.0f}"
               f"{r.get('speedup_vs_plain', float('nan')):>8.2f}{r.get('speedup_vs_chain', float('nan')):>8.2f}"
-              f"{tau}{pct('draft_s')}{pct('verify_s')} {pct('commit_s')}{str(r.get('output_equals_plain_greedy', '')):>9}")
+              f"{tau}{(f'{host:8.0f}' if host else f'{chr(45):>8}')}{str(r.get('output_equals_plain_greedy', '')):>9}")
 
 
 def plot(rows: list[dict], path: Path) -> None:

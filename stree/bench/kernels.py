@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from stree.kernels.compare import rel_err
+from stree.protocols.token_tree import ancestor_mask
 
 LAYER_SHAPES = {
     "2.7b": dict(nheads=80, headdim=64, d_state=128, ngroups=1, d_model=2560, n_layer=64, d_conv=4),
@@ -301,7 +302,7 @@ def _check_attention_kernels(device, gen, add) -> None:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         b, n, hq, hkv, d, L = 2, 63, 32, 8, 128, 1200
         par = torch.tensor(complete_binary_parents(n), device=device).expand(b, n).contiguous()
-        anc = tree_scan.tree_ancestor_mask(par)
+        anc = ancestor_mask(par)
         q = torch.randn(b, n, hq, d, generator=gen, device=device).to(dtype)
         kc = torch.randn(b, L, hkv, d, generator=gen, device=device).to(dtype)
         vc = torch.randn(b, L, hkv, d, generator=gen, device=device).to(dtype)
@@ -432,12 +433,11 @@ def bench_other_kernels(shape_name, shape, device, gen, dtype, sets, rows: list)
 
 def bench_attention(device, gen, dtype, rows: list) -> None:
     from stree.kernels.tree_attention_triton import kv_commit_triton, tree_attention_sdpa, tree_attention_triton
-    from stree.kernels.tree_scan import tree_ancestor_mask
 
     hq, hkv, d, cap = 32, 8, 128, 8192
     for n in (15, 63):
         par = torch.tensor(complete_binary_parents(n), device=device)[None]
-        anc = tree_ancestor_mask(par)
+        anc = ancestor_mask(par)
         for used in (512, 2048, 8000):
             sets = 4
             kcs = [torch.randn(1, cap, hkv, d, device=device).to(dtype) for _ in range(sets)]

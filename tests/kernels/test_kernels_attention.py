@@ -18,7 +18,7 @@ from stree.kernels.tree_attention_triton import (  # noqa: E402
     tree_attention_sdpa,
     tree_attention_triton,
 )
-from stree.kernels.tree_scan import tree_ancestor_mask  # noqa: E402
+from stree.protocols.token_tree import ancestor_mask  # noqa: E402
 
 
 def _case(gen, specs, hq, hkv, d, cache, seqlen):
@@ -27,7 +27,7 @@ def _case(gen, specs, hq, hkv, d, cache, seqlen):
     q = torch.randn(b, n, hq, d, generator=gen)
     k = torch.randn(b, cache, hkv, d, generator=gen)
     v = torch.randn(b, cache, hkv, d, generator=gen)
-    return q, k, v, torch.tensor(seqlen), tree_ancestor_mask(parents)
+    return q, k, v, torch.tensor(seqlen), ancestor_mask(parents)
 
 
 @pytest.mark.parametrize("splits,min_chunk", [(None, None), (1, None), (3, 16), (4, 0)])

@@ -297,6 +297,11 @@ def test_bad_inputs_raise_value_error():
         verify_tree(iid, torch.zeros(3, VOCAB), sample)
     negative = torch.full((3, VOCAB), 0.2)
     negative[0, 3] = -0.2
-    bad_q = TokenTree(tokens=[0, 1, 2], parents=[-1, 0, 0], draft_probs=negative, mode=DraftMode.IID)
+    with pytest.raises(ValueError, match="negative entries"):  # TokenTree itself refuses it now
+        TokenTree(tokens=[0, 1, 2], parents=[-1, 0, 0], draft_probs=negative, mode=DraftMode.IID)
+    # draft_probs is not copied: corrupt a valid tree's in place to reach the verifier's own check
+    q = torch.full((3, VOCAB), 0.2)
+    bad_q = TokenTree(tokens=[0, 1, 2], parents=[-1, 0, 0], draft_probs=q, mode=DraftMode.IID)
+    q[0, 3] = -0.2
     with pytest.raises(ValueError, match="finite and >= 0"):
         verify_tree(bad_q, torch.zeros(3, VOCAB), sample)

@@ -16,7 +16,8 @@ from stree.protocols.sampling import SamplingParams, sample_inverse_cdf, warp_lo
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 from stree.verifier.decode import verify_device
 from stree.verifier.decode.verify import verify_tree
-from stree.verifier.decode.verify_device import ancestor_mask, tree_bounds, verify_batch
+from stree.protocols.token_tree import ancestor_mask
+from stree.verifier.decode.verify_device import tree_bounds, verify_batch
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -173,7 +174,15 @@ def test_ancestor_mask_matches_tree_batch():
     trees += [TokenTree.chain(list(range(40))), TokenTree.chain([1]), TokenTree.chain([1, 2])]
     for group in (trees, trees[-2:-1], trees[-1:]):
         batch = TreeBatch.from_trees(group)
-        assert torch.equal(ancestor_mask(batch.parents), batch.ancestor_mask())
+        mask = ancestor_mask(batch.parents)
+        for b, row in enumerate(batch.parents.tolist()):  # reference: walk up from every node
+            want = torch.zeros(len(row), len(row), dtype=torch.bool)
+            for i in range(len(row)):
+                j = i
+                while j >= 0:
+                    want[i, j] = True
+                    j = row[j] if j > 0 else -1
+            assert torch.equal(mask[b], want)
 
 
 def test_sample_inverse_cdf_edges():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
+from torch.profiler import record_function
 
 from stree.kernels.cuda_graph import capture_graph
 from stree.protocols.device_drafter import DeviceDrafter
@@ -288,16 +289,24 @@ class Engine:
         self.idle.copy_(torch.tensor([r is None for r in self.slots], device=self.device))
 
     # ----- the step (device code) -----------------------------------------------------------------
-    def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int):
+    def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int,
+                       any_sampled: bool):
         trees = TreeBatch(tokens, parents, depth, count)
-        logits, acts = self.model.tree_forward(trees, self.state)
-        n = tokens.shape[1]
-        u = torch.rand(2, self.batch, n, device=self.device, generator=self.generator)
-        res = verify_batch(tokens, parents, valid, logits, self.sampling.temperature, self.sampling.top_k,
-                           self.sampling.top_p, mode, q, u[0], u[1], max_depth=max_depth,
-                           max_width=max_width)
-        self.model.commit(self.state, acts, res.path, res.path_len)
+        with record_function("stree.target_tree_pass"):
+            logits, acts = self.model.tree_forward(trees, self.state)
+        with record_function("stree.verify"):
+            res = self._verify(tokens, parents, valid, logits, mode, q, max_depth, max_width, any_sampled)
+        with record_function("stree.target_commit"):
+            self.model.commit(self.state, acts, res.path, res.path_len)
         return res
+
+    def _verify(self, tokens, parents, valid, logits, mode, q, max_depth, max_width, any_sampled):
+        n = tokens.shape[1]
+        u = (torch.rand(2, self.batch, n, device=self.device, generator=self.generator) if any_sampled
+             else torch.zeros(2, self.batch, n, device=self.device))
+        return verify_batch(tokens, parents, valid, logits, self.sampling.temperature, self.sampling.top_k,
+                            self.sampling.top_p, mode, q, u[0], u[1], max_depth=max_depth, max_width=max_width,
+                            sampling=any_sampled)
 
     def _finish_step(self, res) -> None:
         width = res.out_tokens.shape[1]
@@ -313,27 +322,27 @@ class Engine:
         if self.drafter is not None:
             self.drafter.step_roots(self.roots)
         depth, count, valid = self._layout(PLAIN)
-        u = torch.rand(2, self.batch, 1, device=self.device, generator=self.generator)
-        res = verify_batch(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
-                           self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
-                           DraftMode.DETERMINISTIC, None, u[0], u[1], max_depth=0, max_width=1)
+        res = self._verify(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
+                           DraftMode.DETERMINISTIC, None, 0, 1, any_sampled)
         self._finish_step(res)
 
     def _device_step(self, shape: TreeShape, any_sampled: bool):
-        draft = self.drafter.draft(shape, self.roots, self.sampling, any_sampled)
+        with record_function("stree.draft"):
+            draft = self.drafter.draft(shape, self.roots, self.sampling, any_sampled)
         depth, count, valid = self._layout(shape)
         res = self._verify_commit(draft.tokens, draft.parents, depth, count, valid,
                                   draft.q if any_sampled else None, draft.mode if any_sampled else
-                                  DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width)
-        self.drafter.commit(res.path, res.path_len)
+                                  DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width, any_sampled)
+        with record_function("stree.draft_commit"):
+            self.drafter.commit(res.path, res.path_len)
         self._finish_step(res)
 
-    def _host_step(self, shape: TreeShape, mode: DraftMode, with_q: bool):
+    def _host_step(self, shape: TreeShape, mode: DraftMode, with_q: bool, any_sampled: bool):
         tokens, parents, depth, valid = self.host_trees[:, :, : shape.nodes]
         count = valid.sum(-1)
         q = self.host_q if with_q else None
         res = self._verify_commit(tokens, parents, depth, count, valid.bool(), q, mode,
-                                  self.budget.max_depth, self.budget.max_width)
+                                  self.budget.max_depth, self.budget.max_width, any_sampled)
         self._finish_step(res)
 
     def _run(self, key) -> None:
@@ -359,7 +368,7 @@ class Engine:
         if kind == "none":
             return lambda: self._plain_step(key[1])
         if kind == "host":
-            return lambda: self._host_step(key[1], key[2], key[3])
+            return lambda: self._host_step(key[1], key[2], key[3], key[4])
         return lambda: self._device_step(key[1], key[2])
 
     def _capture(self, fn):
@@ -421,8 +430,8 @@ class Engine:
         if shape.kind == "none":
             key = ("none", any_sampled)
         elif shape.kind == "host":
-            mode, with_q, drafted = self._stage_host_trees(shape, any_sampled)
-            key = ("host", shape, mode, with_q)
+            shape, mode, with_q, drafted = self._stage_host_trees(any_sampled)
+            key = ("host", shape, mode, with_q, any_sampled)
         else:
             key = ("tree", shape, any_sampled)
             drafted = shape.num_nodes - 1
@@ -492,11 +501,11 @@ class Engine:
         return out
 
     # ----- host drafters ----------------------------------------------------------------------------
-    def _stage_host_trees(self, shape: TreeShape, any_sampled: bool):
-        """Ask every slot's drafter session for a tree; pad them into one [4, B, N] copy to the device."""
-        n, vocab = shape.nodes, self.model.vocab_size
-        packed = torch.zeros(4, self.batch, n, dtype=torch.long)
-        packed[2] = 1  # padding nodes: children of the root, never valid
+    def _stage_host_trees(self, any_sampled: bool):
+        """Ask every slot's drafter session for a tree; pad them into one [4, B, N] copy to the device.
+
+        N is the power of two that holds the largest tree this step (one graph per bucket).
+        """
         trees, mode = [None] * self.batch, None
         total = 0
         for i, req in enumerate(self.slots):
@@ -508,6 +517,11 @@ class Engine:
             if tree is not None and tree.num_nodes > 1 and tree.mode is not mode:
                 tree = None  # one verification rule per step; a tree of another kind waits its turn
             trees[i] = tree
+        n = _bucket(max(t.num_nodes if t is not None else 1 for t in trees))
+        shape = TreeShape("host", nodes=n)
+        vocab = self.model.vocab_size
+        packed = torch.zeros(4, self.batch, n, dtype=torch.long)
+        packed[2] = 1  # padding nodes: children of the root, never valid
         mode = mode or DraftMode.DETERMINISTIC
         with_q = any_sampled and mode is not DraftMode.DETERMINISTIC
         q = torch.zeros(self.batch, n, vocab) if with_q else None
@@ -535,7 +549,7 @@ class Engine:
             if self.host_q is None or self.host_q.shape != q.shape:
                 self.host_q = torch.zeros(q.shape, device=self.device)
             self.host_q.copy_(q)
-        return mode, with_q, total
+        return shape, mode, with_q, total
 
     def _host_draft(self, req: Request):
         """The session's tree for this step, or None (a plain step for this slot) when it is unusable."""

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from stree.protocols.sampling import sample_inverse_cdf, warp_logits_rows
-from stree.protocols.token_tree import DraftMode, TokenTree
+from stree.protocols.token_tree import DraftMode, TokenTree, ancestor_mask
 
 
 @dataclass
@@ -24,22 +24,6 @@ class DeviceVerifyResult:
     bonus: torch.Tensor  # [B] the target's token after the last accepted node
     out_tokens: torch.Tensor  # [B, max_depth + 1] accepted tokens after the root, the bonus, then 0
     num_out: torch.Tensor  # [B] emitted tokens (= path_len)
-
-
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N, N]`` bool from ``[B, N]`` parents: ``mask[b, i, j]`` iff j is i or an ancestor of i.
-
-    Pointer doubling: after step k each row holds its 2^k nearest ancestors, so ceil(log2 N) steps
-    of one gather each cover any depth (a static count, from the shape only).
-    """
-    b, n = parents.shape
-    jump = parents.clamp_min(0)  # the root points to itself
-    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(b, n, n)
-    mask = eye | torch.zeros_like(eye).scatter(2, jump.unsqueeze(-1), True)
-    for _ in range(math.ceil(math.log2(max(n - 1, 1)))):
-        mask = mask | mask.gather(1, jump.unsqueeze(-1).expand(b, n, n))
-        jump = jump.gather(1, jump)
-    return mask
 
 
 def tree_bounds(trees: Sequence[TokenTree]) -> tuple[int, int]:
@@ -64,6 +48,7 @@ def verify_batch(
     max_depth: int,
     max_width: int,
     prob_dtype: torch.dtype = torch.float32,
+    sampling: bool = True,
 ) -> DeviceVerifyResult:
     """Verify B padded trees of N nodes at once; rows with ``temperature == 0`` are greedy.
 
@@ -78,6 +63,7 @@ def verify_batch(
     padding nodes have parent 0 and ``valid`` False, logits give finite distributions, uniforms lie
     in [0, 1). Nodes deeper than ``max_depth`` or past the first ``max_width`` children of their
     parent are never accepted: the same as verifying the truncated tree, so the law stays exact.
+    ``sampling=False`` (a static promise that every row is greedy) skips the sampling walk.
     """
     mode = DraftMode(mode)
     _check_shapes(tokens, parents, valid, logits, mode, draft_probs, uniforms, bonus_uniforms,
@@ -86,13 +72,14 @@ def verify_batch(
     depth = anc.sum(-1) - 1
     rank = _sibling_rank(parents, valid)
     in_bounds = valid & (depth <= max_depth) & (rank < max_width)
-    greedy_node, greedy_bonus = _greedy(tokens, parents, in_bounds, logits, anc, depth)
-    walk = _Walk(tokens, logits, temperature, top_k, top_p, mode, draft_probs, uniforms, prob_dtype)
-    kids = _children_table(parents, in_bounds, rank, max_width)
-    sampled_node, sampled_bonus = walk.run(kids, bonus_uniforms, max_depth)
-    greedy = temperature.to(tokens.device) == 0
-    final = torch.where(greedy, greedy_node, sampled_node)
-    bonus = torch.where(greedy, greedy_bonus, sampled_bonus)
+    final, bonus = _greedy(tokens, parents, in_bounds, logits, anc, depth)
+    if sampling:
+        walk = _Walk(tokens, logits, temperature, top_k, top_p, mode, draft_probs, uniforms, prob_dtype)
+        kids = _children_table(parents, in_bounds, rank, max_width)
+        sampled_node, sampled_bonus = walk.run(kids, bonus_uniforms, max_depth)
+        greedy = temperature.to(tokens.device) == 0
+        final = torch.where(greedy, final, sampled_node)
+        bonus = torch.where(greedy, bonus, sampled_bonus)
     path = _path_to(anc, depth, final, max_depth)
     path_len = depth.gather(1, final.unsqueeze(1)).squeeze(1) + 1
     out = _emitted(tokens, path, path_len, bonus)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from stree.kernels import ops
 from stree.kernels.backend import capturing
-from stree.kernels.tree_scan import tree_ancestor_mask
+from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
 from stree.verifier.model.attention import AttnLayerState, Attention
@@ -257,7 +257,7 @@ class StreeLM(nn.Module):
         parents, depth = trees.parents, trees.depth
         anc = None
         if any(b.is_attention for b in self.backbone.layers):
-            anc = anc_mask.to(self.device) if anc_mask is not None else tree_ancestor_mask(parents)
+            anc = anc_mask.to(self.device) if anc_mask is not None else ancestor_mask(parents)
         seqlen = state.seqlen
         acts: list = []
 
