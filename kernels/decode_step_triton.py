@@ -13,6 +13,23 @@ import triton.language as tl
 
 
 @triton.jit
+def head_block(pid, H, heads_per_group, n_pblocks, BP: tl.constexpr):
+    """``(b, h, g, offs_p)`` of a program that owns one headdim block of one head of one sequence."""
+    bh = pid // n_pblocks
+    h = bh % H
+    return bh // H, h, h // heads_per_group, (pid % n_pblocks) * BP + tl.arange(0, BP)
+
+
+@triton.jit
+def update_state_block(h_bh_ptr, offs_p, offs_s, mask, s_hp, s_hs, decay, dtx, bv, cv):
+    """``H = decay H + dtx B^T`` on one [P block, S block] tile, stored back; returns its ``C^T H`` part of y."""
+    ptrs = h_bh_ptr + offs_p[:, None] * s_hp + offs_s[None, :] * s_hs
+    new = decay * tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + dtx[:, None] * bv[None, :]
+    tl.store(ptrs, new.to(h_bh_ptr.dtype.element_ty), mask=mask)
+    return tl.sum(new * cv[None, :], 1)
+
+
+@triton.jit
 def _ssd_step_kernel(
     h_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr,
     H, P, S, heads_per_group, n_pblocks,
@@ -24,12 +41,7 @@ def _ssd_step_kernel(
     s_yb, s_yh, s_yp,
     BP: tl.constexpr, BS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    bh = pid // n_pblocks
-    b = bh // H
-    h = bh % H
-    g = h // heads_per_group
-    offs_p = (pid % n_pblocks) * BP + tl.arange(0, BP)
+    b, h, g, offs_p = head_block(tl.program_id(0), H, heads_per_group, n_pblocks, BP)
     p_ok = offs_p < P
     dt = tl.load(dt_ptr + b * s_db + h * s_dh).to(tl.float32)
     decay = tl.exp(dt * tl.load(A_ptr + h).to(tl.float32))
@@ -38,14 +50,44 @@ def _ssd_step_kernel(
     for s0 in range(0, S, BS):
         offs_s = s0 + tl.arange(0, BS)
         s_ok = offs_s < S
-        ptrs = h_ptr + b * s_hb + h * s_hh + offs_p[:, None] * s_hp + offs_s[None, :] * s_hs
-        mask = p_ok[:, None] & s_ok[None, :]
         bv = tl.load(B_ptr + b * s_Bb + g * s_Bg + offs_s * s_Bs, mask=s_ok, other=0.0).to(tl.float32)
         cv = tl.load(C_ptr + b * s_Cb + g * s_Cg + offs_s * s_Cs, mask=s_ok, other=0.0).to(tl.float32)
-        new = decay * tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + (dt * x)[:, None] * bv[None, :]
-        tl.store(ptrs, new.to(h_ptr.dtype.element_ty), mask=mask)
-        y += tl.sum(new * cv[None, :], 1)
+        y += update_state_block(h_ptr + b * s_hb + h * s_hh, offs_p, offs_s, p_ok[:, None] & s_ok[None, :],
+                                s_hp, s_hs, decay, dt * x, bv, cv)
     tl.store(y_ptr + b * s_yb + h * s_yh + offs_p * s_yp, y.to(y_ptr.dtype.element_ty), mask=p_ok)
+
+
+@triton.jit
+def conv_taps(cs_ptr, x_ptr, w_ptr, bias_ptr, ch, ok, s_sc, s_sk, s_xc, s_wc, s_wk,
+               KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+               OUT_DTYPE: tl.constexpr):
+    """Conv output of channels ``ch`` for the new token (``cs_ptr``/``x_ptr`` at this sequence)."""
+    k = tl.arange(0, K_P2)
+    st = tl.load(cs_ptr + ch[:, None] * s_sc + k[None, :] * s_sk,
+                 mask=ok[:, None] & (k < KM1)[None, :], other=0.0).to(tl.float32)
+    xv = tl.load(x_ptr + ch * s_xc, mask=ok, other=0.0).to(tl.float32)
+    window = tl.where((k == KM1)[None, :], xv[:, None], st)
+    w = tl.load(w_ptr + ch[:, None] * s_wc + k[None, :] * s_wk,
+                mask=ok[:, None] & (k <= KM1)[None, :], other=0.0).to(tl.float32)
+    acc = tl.sum(window * w, 1)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ok, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc.to(OUT_DTYPE).to(tl.float32)  # rounded like the unfused path
+
+
+@triton.jit
+def roll_conv_state(cs_ptr, x_ptr, ch, ok, s_sc, s_sk, s_xc, KM1: tl.constexpr, K_P2: tl.constexpr):
+    """Shift channels ``ch`` of the conv state left by one and append the new input."""
+    k = tl.arange(0, K_P2)
+    xv = tl.load(x_ptr + ch * s_xc, mask=ok, other=0.0)
+    nxt = tl.load(cs_ptr + ch[:, None] * s_sc + (k + 1)[None, :] * s_sk,
+                  mask=ok[:, None] & (k + 1 < KM1)[None, :], other=0.0)
+    rolled = tl.where((k + 1 == KM1)[None, :], xv[:, None].to(nxt.dtype), nxt)
+    tl.debug_barrier()  # every old column is read before any is overwritten
+    tl.store(cs_ptr + ch[:, None] * s_sc + k[None, :] * s_sk, rolled.to(cs_ptr.dtype.element_ty),
+             mask=ok[:, None] & (k < KM1)[None, :])
 
 
 @triton.jit
@@ -57,26 +99,11 @@ def _conv_step_kernel(
     b = tl.program_id(1)
     ch = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ch_ok = ch < C
-    k = tl.arange(0, K_P2)
-    # window column k: state column k for k < K-1, the new input at k = K-1.
-    from_state = k < KM1
-    st = tl.load(cs_ptr + b * s_sb + ch[:, None] * s_sc + k[None, :] * s_sk,
-                 mask=ch_ok[:, None] & from_state[None, :], other=0.0).to(tl.float32)
-    xv = tl.load(x_ptr + b * s_xb + ch * s_xc, mask=ch_ok, other=0.0).to(tl.float32)
-    window = tl.where((k == KM1)[None, :], xv[:, None], st)
-    w = tl.load(w_ptr + ch[:, None] * s_wc + k[None, :] * s_wk,
-                mask=ch_ok[:, None] & (k <= KM1)[None, :], other=0.0).to(tl.float32)
-    acc = tl.sum(window * w, 1)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
-    # Rolled state column k is window column k + 1.
-    nxt = tl.load(cs_ptr + b * s_sb + ch[:, None] * s_sc + (k + 1)[None, :] * s_sk,
-                  mask=ch_ok[:, None] & (k + 1 < KM1)[None, :], other=0.0).to(tl.float32)
-    rolled = tl.where((k + 1 == KM1)[None, :], xv[:, None], nxt)
-    tl.debug_barrier()  # all old columns are read before any is overwritten
-    tl.store(cs_ptr + b * s_sb + ch[:, None] * s_sc + k[None, :] * s_sk,
-             rolled.to(cs_ptr.dtype.element_ty), mask=ch_ok[:, None] & from_state[None, :])
-    tl.store(out_ptr + b * s_ob + ch * s_oc, (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty), mask=ch_ok)
+    odt = out_ptr.dtype.element_ty
+    out = conv_taps(cs_ptr + b * s_sb, x_ptr + b * s_xb, w_ptr, bias_ptr, ch, ch_ok, s_sc, s_sk, s_xc, s_wc, s_wk,
+                    KM1, K_P2, HAS_BIAS, True, odt)
+    roll_conv_state(cs_ptr + b * s_sb, x_ptr + b * s_xb, ch, ch_ok, s_sc, s_sk, s_xc, KM1, K_P2)
+    tl.store(out_ptr + b * s_ob + ch * s_oc, out.to(odt), mask=ch_ok)
 
 
 def ssd_step_triton(ssm_state, x, dt, A, Bm, Cm, D, *, out=None):

@@ -38,14 +38,14 @@ def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True):
 
 
 @triton.jit
-def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps,
+def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps, s_y, s_z,
                           NORM_BEFORE_GATE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     grp = tl.program_id(1)
     cols = grp * group_size + tl.arange(0, BLOCK)
     ok = tl.arange(0, BLOCK) < group_size
-    y = tl.load(y_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + row * d + cols, mask=ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * s_y + cols, mask=ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * s_z + cols, mask=ok, other=0.0).to(tl.float32)
     gate = z / (1.0 + tl.exp(-z))
     g = y if NORM_BEFORE_GATE else y * gate
     inv = 1.0 / tl.sqrt(tl.sum(g * g, 0) / group_size + eps)
@@ -55,13 +55,19 @@ def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps,
     tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``t`` as ``[rows, d]`` with unit column stride, a view where the strides allow (else a copy)."""
+    t2 = t.reshape(-1, d)
+    return t2 if t2.stride(1) == 1 else t2.contiguous()
+
+
 def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
     d = y.shape[-1]
     if d % group_size:
         raise ValueError(f"gated_rmsnorm: width {d} is not a multiple of group_size {group_size}")
-    yf, zf = y.contiguous().view(-1, d), z.contiguous().view(-1, d)
-    out = torch.empty_like(yf)
+    yf, zf = _rows(y, d), _rows(z, d)  # z is usually a column slice of in_proj's output: no copy
+    out = torch.empty(yf.shape, device=y.device, dtype=y.dtype)
     _gated_rmsnorm_kernel[(yf.shape[0], d // group_size)](
-        yf, zf, weight, out, d, group_size, eps, NORM_BEFORE_GATE=norm_before_gate,
+        yf, zf, weight, out, d, group_size, eps, yf.stride(0), zf.stride(0), NORM_BEFORE_GATE=norm_before_gate,
         BLOCK=triton.next_power_of_2(group_size))
     return out.view(y.shape)

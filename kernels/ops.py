@@ -5,12 +5,15 @@ from __future__ import annotations
 import importlib
 
 from stree.kernels import backend
+from stree.kernels.pointwise import FUSED_ACTIVATIONS
 
 # op name -> (reference "module:function", triton "module:function")
 _OPS = {
     "tree_scan": ("tree_scan:tree_scan_ref", "tree_scan_triton:tree_scan_triton"),
     "tree_conv1d": ("tree_conv:tree_conv1d_ref", "tree_conv_triton:tree_conv1d_triton"),
+    "tree_conv_dt": ("tree_conv:tree_conv_dt_ref", "tree_conv_triton:tree_conv_dt_triton"),
     "replay": ("replay:replay_ref", "replay_triton:replay_triton"),
+    "mamba_step": ("mamba_step:mamba_step_ref", "mamba_step_triton:mamba_step_triton"),
     "ssd_step": ("decode_step:ssd_step_ref", "decode_step_triton:ssd_step_triton"),
     "conv_step": ("decode_step:conv_step_ref", "decode_step_triton:conv_step_triton"),
     "ssd_prefill": ("chunk_scan:ssd_prefill_ref", "chunk_scan_triton:ssd_prefill_triton"),
@@ -52,8 +55,27 @@ def tree_conv1d(xBC, conv_state, weight, bias, parents):
     return get("tree_conv1d", xBC.device)(xBC, conv_state, weight, bias, parents)
 
 
+def tree_conv_dt(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit, activation):
+    """The tree pass's conv (+activation) and dt in one launch; the reference for other activations."""
+    op = get("tree_conv_dt", xBC.device)
+    if activation not in FUSED_ACTIVATIONS:
+        op = _load(_OPS["tree_conv_dt"][0])
+    return op(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit, activation)
+
+
 def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
     return get("replay", x.device)(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len)
+
+
+def mamba_step(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation):
+    """The whole decode step after in_proj (conv, activation, dt, state update, y + D x) in one launch.
+
+    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference.
+    """
+    op = get("mamba_step", xBC.device)
+    if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
+        op = _load(_OPS["mamba_step"][0])
+    return op(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation)
 
 
 def ssd_step(ssm_state, x, dt, A, Bm, Cm, D):

@@ -1,13 +1,15 @@
 """Tree conv1d: the depthwise causal conv of each tree node over its own ancestors.
 
 Node i's taps are i, parent(i), grandparent(i), ...; taps above the root come from the
-committed conv state (the last ``K-1`` pre-conv inputs of the committed sequence). SiLU follows.
+committed conv state (the last ``K-1`` pre-conv inputs of the committed sequence). The activation
+(SiLU) follows; ``tree_conv_dt_ref`` also computes the tree's dt, as its fused kernel does.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from stree.kernels.pointwise import conv_activation, dt_ref
 
 
 def tree_conv_taps(parents: torch.Tensor, width: int) -> torch.Tensor:
@@ -33,8 +35,9 @@ def tree_conv1d_ref(
     weight: torch.Tensor,  # [C, K]
     bias: torch.Tensor | None,  # [C]
     parents: torch.Tensor,  # [B, N]
+    activation: str = "silu",
 ) -> torch.Tensor:
-    """Plain-PyTorch tree conv; returns ``silu(conv)`` ``[B, N, C]`` in ``xBC``'s dtype."""
+    """Plain-PyTorch tree conv; returns ``act(conv)`` ``[B, N, C]`` in ``xBC``'s dtype."""
     width = weight.shape[1]
     ext = torch.cat([conv_state.transpose(1, 2).to(xBC.dtype), xBC], dim=1).float()  # [B, K-1+N, C]
     taps = tree_conv_taps(parents, width)  # [B, N, K]
@@ -45,4 +48,10 @@ def tree_conv1d_ref(
     out = (rows * w[None, None]).sum(2)
     if bias is not None:
         out = out + bias.float()
-    return F.silu(out).to(xBC.dtype)
+    return conv_activation(activation)(out).to(xBC.dtype)
+
+
+def tree_conv_dt_ref(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit=(0.0, float("inf")),
+                     activation: str = "silu"):
+    """The tree pass's pointwise front: ``(act(tree conv) [B, N, C], dt [B, N, H] float32)``."""
+    return tree_conv1d_ref(xBC, conv_state, weight, bias, parents, activation), dt_ref(dt_raw, dt_bias, dt_limit)

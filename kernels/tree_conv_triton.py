@@ -21,8 +21,10 @@ def _tree_conv_kernel(
     s_wc, s_wk,
     s_pb, s_pn,
     s_ob, s_on, s_oc,
+    dtr_ptr, dtb_ptr, dt_ptr, H, s_rb, s_rn, s_rh, s_tb, s_tn, s_th, dt_lo, dt_hi,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -58,10 +60,27 @@ def _tree_conv_kernel(
     out = acc * tl.sigmoid(acc)
     tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ch[None, :] * s_oc,
              out.to(out_ptr.dtype.element_ty), mask=ok)
+    if HAS_DT:
+        if pid_c == 0:  # the first channel block also turns these nodes' raw dt into dt
+            for h0 in range(0, H, BLOCK_H):
+                hh = h0 + tl.arange(0, BLOCK_H)
+                m = row_ok[:, None] & (hh < H)[None, :]
+                v = tl.load(dtr_ptr + b * s_rb + rows[:, None] * s_rn + hh[None, :] * s_rh, mask=m, other=0.0)
+                v = v.to(tl.float32) + tl.load(dtb_ptr + hh, mask=hh < H, other=0.0).to(tl.float32)[None, :]
+                v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
+                if CLAMP:
+                    v = tl.minimum(tl.maximum(v, dt_lo), dt_hi)
+                tl.store(dt_ptr + b * s_tb + rows[:, None] * s_tn + hh[None, :] * s_th, v, mask=m)
 
 
-def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, *, out=None, is_chain=False):
-    """Triton ``tree_conv1d_ref``: ``silu(conv)`` ``[B, N, C]`` in ``xBC``'s dtype; ``conv_state`` is read only."""
+def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu", *, out=None, is_chain=False,
+                       dt=None):
+    """Triton ``tree_conv1d_ref``: ``silu(conv)`` ``[B, N, C]`` in ``xBC``'s dtype; ``conv_state`` is read only.
+
+    ``dt = (dt_raw [B, N, H], dt_bias [H], dt_limit, dt_out [B, N, H] float32)`` also fills ``dt_out``.
+    """
+    if activation not in ("silu", "swish"):
+        raise ValueError(f"tree_conv1d kernel: activation {activation!r} is not fused (only silu)")
     if xBC.dim() != 3:
         raise ValueError(f"tree_conv1d: xBC must be [B, N, C], got {tuple(xBC.shape)}")
     b, n, c = xBC.shape
@@ -79,10 +98,28 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, *, out=None, is_c
     block_c = 128
     grid = (triton.cdiv(n, block_n), triton.cdiv(c, block_c), b)
     par_strides = parents.stride() if parents is not None and parents.dim() == 2 else (0, 0)
+    if dt is not None:
+        dt_raw, dt_bias, (lo, hi), dt_out = dt
+        h = dt_raw.shape[-1]
+        if dt_raw.shape != (b, n, h) or dt_out.shape != (b, n, h) or dt_bias.shape != (h,):
+            raise ValueError(f"tree_conv1d: dt_raw {tuple(dt_raw.shape)} / dt_out {tuple(dt_out.shape)} / "
+                             f"dt_bias {tuple(dt_bias.shape)} must be [{b}, {n}, H] / [{b}, {n}, H] / [H]")
+        dt_args = (dt_raw, dt_bias, dt_out, h, *dt_raw.stride(), *dt_out.stride(), float(lo), float(min(hi, 3.0e38)))
+        clamp = lo > 0.0 or hi < float("inf")
+    else:
+        dt_args, clamp, h = (xBC, xBC, xBC, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0), False, 1
     _tree_conv_kernel[grid](
         xBC, conv_state, weight, bias if bias is not None else weight, parents if parents is not None else xBC, out,
-        n, c, *xBC.stride(), *conv_state.stride(), *weight.stride(), *par_strides, *out.stride(),
+        n, c, *xBC.stride(), *conv_state.stride(), *weight.stride(), *par_strides, *out.stride(), *dt_args,
         K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
-        num_warps=4,
+        HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)), num_warps=4,
     )
     return out
+
+
+def tree_conv_dt_triton(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit=(0.0, float("inf")),
+                        activation="silu"):
+    """Triton ``tree_conv_dt_ref``: the tree conv and the nodes' dt in one launch."""
+    dt = torch.empty(dt_raw.shape, device=dt_raw.device, dtype=torch.float32)
+    out = tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation, dt=(dt_raw, dt_bias, dt_limit, dt))
+    return out, dt

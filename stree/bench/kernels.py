@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import json
 import math
 import statistics
@@ -199,6 +200,11 @@ def _check_tree_kernels(shape_name, shape, dtype, tol, tree_name, par, device, g
     tree_conv_triton.tree_conv1d_triton(xbc, cs, w, bias, parents, out=out)
     add("tree_conv1d", shape_name, dtype, rel_err(out, tree_conv.tree_conv1d_ref(xbc, cs, w, bias, parents)),
         tol, tree=tree_name)
+    dt_raw, dt_bias = torch.randn(batch, n, h, generator=gen, device=device).to(dtype), inp["D"].to(dtype)
+    ref_out, ref_dt = tree_conv.tree_conv_dt_ref(xbc, cs, w, bias, parents, dt_raw, dt_bias, (0.0, 0.1))
+    got_out, got_dt = tree_conv_triton.tree_conv_dt_triton(xbc, cs, w, bias, parents, dt_raw, dt_bias, (0.0, 0.1))
+    add("tree_conv_dt_conv", shape_name, dtype, rel_err(got_out, ref_out), tol, tree=tree_name)
+    add("tree_conv_dt_dt", shape_name, dtype, rel_err(got_dt, ref_dt), 1e-5, tree=tree_name)
     # replay along the first root-to-leaf path of each tree
     plist = parents.tolist()
     paths = [root_to_leaf_paths(pl)[-1] for pl in plist]
@@ -264,6 +270,29 @@ def _check_step_kernels(shape_name, shape, dtype, tol, device, gen, add) -> None
     decode_step_triton.conv_step_triton(c2, xx, w, bias, out=o2)
     add("conv_step", shape_name, dtype, rel_err(o2, o1), tol)
     add("conv_step_state", shape_name, dtype, rel_err(c2, c1), 1e-7)
+    _check_fused_step(shape_name, shape, dtype, tol, device, gen, add)
+
+
+def _check_fused_step(shape_name, shape, dtype, tol, device, gen, add) -> None:
+    """The one-launch decode step vs its reference at batch 1/4/16/64, NaN-poisoned output first."""
+    from stree.kernels import mamba_step, mamba_step_triton
+
+    h, p, s, g, k = shape["nheads"], shape["headdim"], shape["d_state"], shape["ngroups"], shape["d_conv"]
+    c = h * p + 2 * g * s
+    for batch in (1, 4, 16, 64):
+        def rnd(*size, scale=1.0):
+            return (torch.randn(*size, generator=gen, device=device) * scale).to(dtype)
+
+        a = dict(conv_state=rnd(batch, c, k - 1), ssm_state=rnd(batch, h, p, s).float(), xBC=rnd(batch, c),
+                 dt_raw=rnd(batch, h), conv_w=rnd(c, k, scale=0.5), conv_b=rnd(c), dt_bias=rnd(h),
+                 A=-torch.rand(h, generator=gen, device=device), D=rnd(h), ngroups=g)
+        b = {n: (v.clone() if torch.is_tensor(v) else v) for n, v in a.items()}
+        y1 = mamba_step.mamba_step_ref(**a)
+        y2 = torch.full_like(y1, float("nan"))
+        mamba_step_triton.mamba_step_triton(**b, out=y2)
+        add("mamba_step_y", shape_name, dtype, rel_err(y2, y1), tol, batch=batch)
+        add("mamba_step_ssm_state", shape_name, dtype, rel_err(b["ssm_state"], a["ssm_state"]), 1e-5, batch=batch)
+        add("mamba_step_conv_state", shape_name, dtype, rel_err(b["conv_state"], a["conv_state"]), 1e-7, batch=batch)
 
 
 def _check_prefill_kernels(shape_name, shape, dtype, tol, device, gen, add, with_mamba: bool) -> None:
@@ -505,7 +534,56 @@ def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int) -> floa
 MODEL_TREE_SIZES = (1, 4, 8, 16, 32, 64)
 
 
-def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256) -> None:
+MODEL_BATCHES = (1, 4, 16, 64)
+BATCH_TREE_NODES = 32
+
+
+def _bench_batched(model, base, prompt, add, vocab: int, batches) -> None:
+    """Decode step and 32-node verify step (tree forward + commit) at each batch size, per step and per sequence."""
+    from stree.protocols.token_tree import TokenTree, TreeBatch
+
+    device = prompt.device
+    par = complete_binary_parents(BATCH_TREE_NODES)
+    path_nodes = root_to_leaf_paths(par)[0]
+    for b in batches:
+        if b == 1:
+            continue  # batch 1 is timed above
+        st = model.new_state(b, base.max_seqlen)
+        model.prefill(prompt.expand(b, -1).contiguous(), st)
+        s0 = st.seqlen.clone()
+        tok = torch.randint(0, vocab, (b,), device=device)
+
+        def decode(st=st, tok=tok, s0=s0):
+            model.step(tok, st)
+            st.seqlen.copy_(s0)
+
+        ms = graphed_us([decode], reps=20) / 1000
+        add("decode_step", 1, ms, batch=b, ms_per_seq=round(ms / b, 4))
+        trees_list = [TokenTree.from_parents(torch.randint(0, vocab, (BATCH_TREE_NODES,)).tolist(), par)
+                      for _ in range(b)]
+        trees = TreeBatch.from_trees(trees_list).to(device)
+        anc = TreeBatch.from_trees(trees_list).ancestor_mask().to(device)
+        path = torch.tensor([path_nodes] * b, device=device)
+        plen = torch.full((b,), len(path_nodes), device=device)
+        holder = {}
+
+        def tree_fwd(st=st, trees=trees, anc=anc):
+            holder["logits"], holder["acts"] = model.tree_forward(trees, st, anc)
+
+        def commit(st=st, path=path, plen=plen, s0=s0):
+            model.commit(st, holder["acts"], path, plen)
+            st.seqlen.copy_(s0)
+
+        t_fwd = graphed_us([tree_fwd], reps=20) / 1000
+        tree_fwd()
+        t_commit = graphed_us([commit], reps=20) / 1000
+        add("verify_step", BATCH_TREE_NODES, t_fwd + t_commit, batch=b, ms_per_seq=round((t_fwd + t_commit) / b, 4),
+            tree=f"binary-{BATCH_TREE_NODES}")
+        st = holder = None
+        torch.cuda.empty_cache()
+
+
+def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256, batches=MODEL_BATCHES) -> None:
     """(b) whole model, graphed: verify step (tree forward + LM head, then commit) per tree size, against the
     weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam."""
     from stree.drafter_service.drafters.mamba.beam_search import GraphedBeamSearch
@@ -570,6 +648,7 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256)
             add("tree_forward", n, t_fwd, tree=f"binary-{n}")
             add("commit", n, t_commit, tree=f"binary-{n}", path_len=len(path_nodes))
             add("verify_step", n, t_fwd + t_commit, tree=f"binary-{n}")
+        _bench_batched(model, base, prompt, add, vocab, batches)
         if shape_name == "130m":  # (c) the draft model's depth-4 width-3 beam draft, all in one graph
             beam = GraphedBeamSearch(model, 4, 3, SamplingParams())
             beam(base, 7)
@@ -634,6 +713,33 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _version(package: str) -> str | None:
+    """The installed version of ``package``, or None (named in the record: which anchor ran)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _kernels_per_layer() -> dict:
+    """Launches per Mamba2 mixer call (step / 8-node tree / commit), reference vs Triton, on the GPU."""
+    from stree.bench.launches import mixer_launches
+    from stree.kernels import backend
+    from stree.verifier.model.config import ModelConfig
+    from stree.verifier.model.mamba2_mixer import Mamba2Mixer
+
+    try:
+        mixer = Mamba2Mixer(ModelConfig(d_model=64, n_layer=1, vocab_size=64,
+                                        ssm_cfg=dict(d_state=16, headdim=16))).cuda()
+        mixer_launches(mixer, which="triton")  # allocates the arrival counters once
+        counts = {which: mixer_launches(mixer, which=which) for which in ("torch", "triton")}
+    except Exception as exc:  # noqa: BLE001 - a count is a nicety; never lose the run for it
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    finally:
+        backend.use("triton")  # mixer_launches resets the forced backend; the bench runs Triton
+    return counts
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise ValueError("stree bench kernels needs a CUDA GPU (none is visible)")
@@ -652,8 +758,10 @@ def run(args) -> int:
     result = dict(
         device=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
         triton=__import__("triton").__version__, mamba_ssm=mamba[0] is not None, dtype=args.dtype,
-        command=" ".join(sys.argv), rows=[],
+        command=" ".join(sys.argv), rows=[], causal_conv1d=_version("causal_conv1d"),
+        kernels_per_layer=_kernels_per_layer(),
     )
+    print(f"kernels per Mamba2 layer (launch count, tiny mixer on the GPU): {result['kernels_per_layer']}", file=sys.stderr)
     rows = result["rows"]
 
     def flush():
@@ -665,7 +773,7 @@ def run(args) -> int:
     parts += [(name, fn) for name, fn in (
         ("layer", lambda: bench_layers(device, gen, dtype, mamba, args.sweep, args.quick, rows, flush)),
         ("attention", lambda: bench_attention(device, gen, dtype, rows)),
-        ("model", lambda: bench_model(device, dtype, args.model_shapes, rows, flush)),
+        ("model", lambda: bench_model(device, dtype, args.model_shapes, rows, flush, batches=args.batches)),
     ) if name in args.parts]
     for name, fn in parts:
         try:
@@ -704,7 +812,8 @@ def print_summary(rows: list[dict]) -> None:
         elif r.get("section") == "attention":
             print(f"attn n={r['nodes']:3} seqlen={r.get('seqlen', '-')!s:5} {r['impl']:22} {r['us']:9.2f} us")
         elif r.get("section") == "model":
-            print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} {r['ms']:8.3f} ms  floor {r['floor_ms']:.3f}"
+            print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} b={r.get('batch', 1):3} {r['ms']:8.3f} ms"
+                  f"  per seq {r.get('ms_per_seq', r['ms'])}  floor {r['floor_ms']:.3f}"
                   f"  mamba_ssm decode {r.get('mamba_ssm_decode_ms')}  (DESIGN anchor {r.get('anchor_ms')})")
 
 
@@ -716,6 +825,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model-shapes", nargs="+", choices=list(LAYER_SHAPES), default=list(LAYER_SHAPES))
     p.add_argument("--check", nargs="*", choices=CHECK_GROUPS, default=None,
                    help="also compare kernels with their references (all groups, or the ones named)")
+    p.add_argument("--batches", nargs="+", type=int, default=list(MODEL_BATCHES),
+                   help="batch sizes for the per-sequence decode and 32-node verify timings (model part)")
     p.add_argument("--sweep", action="store_true", help="also time a grid of tree-scan tile configurations")
     p.add_argument("--quick", action="store_true", help="skip the slow PyTorch reference timings")
     p.add_argument("--seed", type=int, default=0)

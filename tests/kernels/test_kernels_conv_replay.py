@@ -14,8 +14,8 @@ pytest.importorskip("triton")
 from kernel_trees import padded_batch, rel_err  # noqa: E402
 from stree.kernels.replay import replay_ref  # noqa: E402
 from stree.kernels.replay_triton import replay_triton  # noqa: E402
-from stree.kernels.tree_conv import tree_conv1d_ref  # noqa: E402
-from stree.kernels.tree_conv_triton import tree_conv1d_triton  # noqa: E402
+from stree.kernels.tree_conv import tree_conv1d_ref, tree_conv_dt_ref  # noqa: E402
+from stree.kernels.tree_conv_triton import tree_conv1d_triton, tree_conv_dt_triton  # noqa: E402
 
 
 @pytest.mark.parametrize("width,with_bias", [(4, True), (2, False), (1, True)])
@@ -34,6 +34,23 @@ def test_tree_conv_matches_reference(width, with_bias):
     assert torch.isfinite(out).all()
     assert rel_err(out, tree_conv1d_ref(xbc, state, weight, bias, parents)) < 1e-5
     assert torch.equal(state, before), "the tree conv must not change the committed state"
+
+
+@pytest.mark.parametrize("heads,dt_limit", [(3, (0.0, float("inf"))), (70, (0.05, 2.0))])
+def test_tree_conv_with_dt_matches_reference(heads, dt_limit):
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("deep", 19), ("bushy", 11)], gen)  # 19 nodes: two node blocks
+    b, n = parents.shape
+    c = 150  # two channel blocks: only the first computes dt
+    xbc, state = torch.randn(b, n, c, generator=gen), torch.randn(b, c, 3, generator=gen)
+    weight, bias = torch.randn(c, 4, generator=gen), torch.randn(c, generator=gen)
+    wide = torch.randn(b, n, heads + 5, generator=gen) * 3  # dt_raw is a column slice, as from in_proj
+    dt_raw, dt_bias = wide[..., 5:], torch.randn(heads, generator=gen)
+    out, dt = tree_conv_dt_triton(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit)
+    ref_out, ref_dt = tree_conv_dt_ref(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit)
+    assert rel_err(out, ref_out) < 1e-5 and rel_err(dt, ref_dt) < 1e-5 and dt.dtype == torch.float32
+    with pytest.raises(ValueError, match="activation"):
+        tree_conv_dt_triton(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit, "identity")
 
 
 def test_tree_conv_chain_mode_is_prefill_conv():

@@ -39,3 +39,12 @@ def test_gated_rmsnorm_matches_reference(groups, gs, before):
 def test_gated_rmsnorm_rejects_bad_group():
     with pytest.raises(ValueError, match="not a multiple of group_size"):
         gated_rmsnorm_triton(torch.randn(2, 10), torch.randn(2, 10), torch.ones(10), 4, 1e-5)
+
+
+def test_gated_rmsnorm_reads_a_column_slice_gate_in_place():
+    g = torch.Generator().manual_seed(7)
+    wide = torch.randn(2, 3, 40, generator=g)  # like in_proj's output, z is a column slice of it
+    y, z = torch.randn(2, 3, 16, generator=g), wide[..., 8:24]
+    w = torch.rand(16, generator=g) + 0.5
+    out = gated_rmsnorm_triton(y, z, w, 8, 1e-5)
+    torch.testing.assert_close(out, gated_rmsnorm_ref(y, z, w, 8, 1e-5), atol=1e-5, rtol=1e-5)

@@ -126,6 +126,10 @@ class Mamba2Mixer(nn.Module):
         y = y.reshape(*y.shape[:-2], self.d_ssm)
         if self.D_has_hdim:
             y = y + x.reshape(y.shape) * self.D.to(y.dtype)
+        return self._gate_out(y, z, z0, x0)
+
+    def _gate_out(self, y: torch.Tensor, z, z0, x0) -> torch.Tensor:
+        """``y`` ``[..., d_ssm]`` (D skip included) through the gated norm, the MLP half and out_proj."""
         y = self.norm(y, z) if self.rmsnorm else y * F.silu(z)
         if self.d_mlp > 0:
             y = torch.cat([F.silu(z0) * x0, y], dim=-1)
@@ -153,17 +157,17 @@ class Mamba2Mixer(nn.Module):
     def step(self, u: torch.Tensor, state: MambaLayerState) -> torch.Tensor:
         """One token per sequence; ``u`` is ``[B, d]``; state updated in place."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
-        xbc = ops.conv_step(state.conv_state, xBC, self._conv_w, self.conv1d.bias)
-        x, Bm, Cm = self._split_xbc(xbc)
-        y = ops.ssd_step(state.ssm_state, x, self._dt(dt_raw), self._A(), Bm, Cm, self._D())
-        return self._finish(y, x, z, z0, x0)
+        y = ops.mamba_step(state.conv_state, state.ssm_state, xBC, dt_raw, self._conv_w, self.conv1d.bias,
+                           self.dt_bias, self._A(), self.D, self.ngroups, self.dt_limit,
+                           getattr(self, "activation", "silu"))
+        return self._gate_out(y, z, z0, x0)
 
     def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor):
         """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
-        xbc = ops.tree_conv1d(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents)
+        xbc, dt = ops.tree_conv_dt(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
+                                   self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"))
         x, Bm, Cm = self._split_xbc(xbc)
-        dt = self._dt(dt_raw)
         y = ops.tree_scan(x, dt, self._A(), Bm, Cm, self._D(), parents, state.ssm_state)
         return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=xBC)
 

@@ -1,0 +1,117 @@
+"""The whole Mamba2 decode step after in_proj in ONE Triton launch (reference: ``mamba_step_ref``).
+
+One program per (sequence, head, headdim block): it convolves its x channels and its group's B/C
+channels (K taps, recomputed per head: cheap), applies SiLU, softplus(dt + bias) with the clamp,
+updates its state slice once and writes ``y + D x``. Each program rolls its own x channels' conv
+state; the B/C channels are shared by every program of a group, so the last of them to arrive
+(an atomic counter per (sequence, group), reset by that program) rolls them after all have read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stree.kernels.decode_step_triton import conv_taps, head_block, roll_conv_state, update_state_block
+
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+@triton.jit
+def _mamba_step_kernel(
+    cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr, ctr_ptr,
+    H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
+    s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
+    KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    D_PER_CHANNEL: tl.constexpr, CLAMP: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
+):
+    b, h, g, offs_p = head_block(tl.program_id(0), H, heads_per_group, n_pblocks, BP)
+    p_ok = offs_p < P
+    cs_b = cs_ptr + b * s_sb
+    x_b = x_ptr + b * s_xb
+    odt = y_ptr.dtype.element_ty
+    x_ch = h * P + offs_p
+    x = conv_taps(cs_b, x_b, w_ptr, cb_ptr, x_ch, p_ok, s_sc, s_sk, s_xc, s_wc, s_wk,
+                   KM1, K_P2, HAS_BIAS, SILU, odt)
+    dt = tl.load(dtr_ptr + b * s_db + h * s_dh).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
+    dt = tl.where(dt > 20.0, dt, tl.log(1.0 + tl.exp(tl.minimum(dt, 20.0))))
+    if CLAMP:
+        dt = tl.minimum(tl.maximum(dt, dt_lo), dt_hi)
+    decay = tl.exp(dt * tl.load(A_ptr + h).to(tl.float32))
+    if D_PER_CHANNEL:
+        dskip = tl.load(D_ptr + x_ch, mask=p_ok, other=0.0).to(tl.float32)
+    else:
+        dskip = tl.load(D_ptr + h).to(tl.float32)
+    y = dskip * x
+    b_base = H * P + g * S
+    c_base = H * P + G * S + g * S
+    for s0 in range(0, S, BS):
+        offs_s = s0 + tl.arange(0, BS)
+        s_ok = offs_s < S
+        bv = conv_taps(cs_b, x_b, w_ptr, cb_ptr, b_base + offs_s, s_ok, s_sc, s_sk, s_xc, s_wc, s_wk,
+                        KM1, K_P2, HAS_BIAS, SILU, odt)
+        cv = conv_taps(cs_b, x_b, w_ptr, cb_ptr, c_base + offs_s, s_ok, s_sc, s_sk, s_xc, s_wc, s_wk,
+                        KM1, K_P2, HAS_BIAS, SILU, odt)
+        y += update_state_block(h_ptr + b * s_hb + h * s_hh, offs_p, offs_s, p_ok[:, None] & s_ok[None, :],
+                                s_hp, s_hs, decay, dt * x, bv, cv)
+    tl.store(y_ptr + b * s_yb + x_ch * s_yc, y.to(odt), mask=p_ok)
+    roll_conv_state(cs_b, x_b, x_ch, p_ok, s_sc, s_sk, s_xc, KM1, K_P2)
+    # The group's B/C conv state: rolled by the last of its programs, after all have read it.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(ctr_ptr + b * G + g, 1)
+    if arrived == heads_per_group * n_pblocks - 1:
+        for s0 in range(0, S, BS):
+            offs_s = s0 + tl.arange(0, BS)
+            s_ok = offs_s < S
+            roll_conv_state(cs_b, x_b, b_base + offs_s, s_ok, s_sc, s_sk, s_xc, KM1, K_P2)
+            roll_conv_state(cs_b, x_b, c_base + offs_s, s_ok, s_sc, s_sk, s_xc, KM1, K_P2)
+        tl.atomic_xchg(ctr_ptr + b * G + g, 0)
+
+
+def _counter(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one buffer per (device, stream): each launch leaves them at zero,
+    and launches on one stream never overlap. (A CUDA graph capture runs on its own stream, so each
+    graph gets its own buffer, zeroed once inside it.)"""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def mamba_step_triton(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups,
+                      dt_limit=(0.0, float("inf")), activation="silu", *, out=None):
+    """Triton ``mamba_step_ref``: both states updated in place, returns ``y + D x`` ``[B, H*P]``."""
+    if activation not in ("silu", "swish"):
+        raise ValueError(f"mamba_step kernel: activation {activation!r} is not fused (only silu)")
+    b, h, p, s = ssm_state.shape
+    c = h * p + 2 * ngroups * s
+    if xBC.shape != (b, c) or conv_w.dim() != 2 or conv_w.shape[0] != c:
+        raise ValueError(f"mamba_step: xBC {tuple(xBC.shape)} / conv weight {tuple(conv_w.shape)} must be "
+                         f"[{b}, {c}] / [{c}, K] for ssm_state {tuple(ssm_state.shape)}, ngroups {ngroups}")
+    km1 = conv_w.shape[1] - 1
+    if km1 < 1 or conv_state.shape != (b, c, km1):
+        raise ValueError(f"mamba_step: conv_state {tuple(conv_state.shape)} must be [{b}, {c}, {km1}], K >= 2")
+    if dt_raw.shape != (b, h) or h % ngroups or D.numel() not in (h, h * p):
+        raise ValueError(f"mamba_step: dt {tuple(dt_raw.shape)} must be [{b}, {h}], ngroups {ngroups} must "
+                         f"divide {h}, D ({D.numel()}) must have {h} or {h * p} entries")
+    y = torch.empty(b, h * p, device=xBC.device, dtype=xBC.dtype) if out is None else out
+    if y.shape != (b, h * p):
+        raise ValueError(f"mamba_step: out {tuple(y.shape)} must be [{b}, {h * p}]")
+    bp = min(16, triton.next_power_of_2(p))
+    bs = min(128, max(16, triton.next_power_of_2(s)))
+    n_pblocks = triton.cdiv(p, bp)
+    lo, hi = dt_limit
+    clamp = lo > 0.0 or hi < float("inf")
+    _mamba_step_kernel[(b * h * n_pblocks,)](
+        conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b if conv_b is not None else conv_w, dt_bias, A, D, y,
+        _counter(xBC.device, b * ngroups),
+        h, p, s, ngroups, h // ngroups, n_pblocks, float(lo), float(min(hi, 3.0e38)),
+        *conv_state.stride(), *ssm_state.stride(), *xBC.stride(), *dt_raw.stride(), *conv_w.stride(), *y.stride(),
+        KM1=km1, K_P2=triton.next_power_of_2(km1 + 1), HAS_BIAS=conv_b is not None, SILU=True,
+        D_PER_CHANNEL=D.numel() == h * p and D.numel() != h, CLAMP=clamp, BP=bp, BS=bs, num_warps=4,
+    )
+    return y
