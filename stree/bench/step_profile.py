@@ -26,6 +26,11 @@ PHASES = ("stree.draft", "stree.target_tree_pass", "stree.verify", "stree.target
 
 def _graphed_ms(fn, reps: int = 50) -> float:
     graph, _ = capture_graph(fn, warmup=2)
+    return _replay_ms(graph, reps)
+
+
+def _replay_ms(graph, reps: int = 50) -> float:
+    """Mean GPU milliseconds of one replay of a captured graph."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
     torch.cuda.synchronize()
@@ -85,7 +90,7 @@ def run(args) -> int:
             engine.step()
         key = ("tree", engine.shapes[0], False) if spec != "none" else ("none", False)
         if key in engine.graphs:
-            record["graph_ms"][spec] = _graphed_ms(engine.graphs[key].replay)
+            record["graph_ms"][spec] = _replay_ms(engine.graphs[key])
     b = args.batch
     for name, model in (("draft", draft), ("target", target)):
         state = model.new_state(b, 512)
