@@ -231,6 +231,9 @@ class ServingCore:
         try:
             async for ev in self._events(job, req, events, started):
                 yield ev
+        except Exception:
+            log.exception("request_id=%s failed", rid)
+            raise
         finally:
             if not req.done:
                 self.scheduler.cancel(req)

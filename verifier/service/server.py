@@ -3,7 +3,7 @@
 Every request joins one Engine stepped by one scheduler thread (``core.py``); a call streams one
 chunk per step that emitted tokens. Cancelling the call frees its slot at the next step boundary.
 Past the queue bound a call gets RESOURCE_EXHAUSTED. Optional TLS; the metrics port answers
-``/metrics`` only.
+``/metrics`` only; ``http_port`` adds the OpenAI-compatible HTTP API on the same engine.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import grpc
 from stree.proto.codec import budget_from_pb, sampling_from_pb
 from stree.proto.rpc import SERVER_OPTIONS, add_health_and_reflection, set_serving
 from stree.proto.stree.v1 import generation_pb2, generation_pb2_grpc
+from stree.verifier.service.chat_template import ChatTemplate
 from stree.verifier.service.core import GenSpec, InvalidRequest, ServerLimits, ServingCore
 from stree.verifier.service.drafters import NO_DRAFTER, EmbeddedDrafters, RemoteDrafters
 from stree.verifier.service.metrics import ServerMetrics
+from stree.verifier.service.http_server import HttpServer
 from stree.verifier.service.metrics_http import MetricsServer
+from stree.verifier.service.openai_api import OpenAIApp
 from stree.verifier.service.scheduler import QueueFull
 
 log = logging.getLogger(__name__)
@@ -106,7 +109,8 @@ class GenerationServer:
     def __init__(self, model, tokenizer=None, drafters=None, port: int = 0, bind: str = "127.0.0.1",
                  limits: ServerLimits = ServerLimits(), model_name: str = "stree", eos_id: Optional[int] = None,
                  metrics_port: Optional[int] = None, tls: Optional[tuple[bytes, bytes]] = None,
-                 cuda_graphs: Optional[bool] = None, core: Optional[ServingCore] = None):
+                 cuda_graphs: Optional[bool] = None, core: Optional[ServingCore] = None,
+                 http_port: Optional[int] = None, model_dir: Optional[str] = None, api_key: Optional[str] = None):
         self.drafters = drafters or EmbeddedDrafters(NO_DRAFTER)
         self.metrics = ServerMetrics(model_name) if core is None else core.metrics
         self.core = core or ServingCore(model, tokenizer, self.drafters, limits, self.metrics, eos_id, cuda_graphs)
@@ -119,6 +123,9 @@ class GenerationServer:
         self.health = None
         self.port: Optional[int] = None
         self._metrics_http: Optional[MetricsServer] = None
+        self.model_name = model_name
+        self.http_port, self.model_dir, self.api_key = http_port, model_dir, api_key
+        self.http: Optional[HttpServer] = None
 
     @property
     def address(self) -> str:
@@ -143,6 +150,11 @@ class GenerationServer:
         await self.server.start()
         if self.metrics_port is not None:
             self._metrics_http = MetricsServer(self.bind, self.metrics_port, self.metrics.registry)
+        if self.http_port is not None:
+            app = OpenAIApp(self.core, self.model_name, ChatTemplate.from_model_dir(self.model_dir), self.api_key)
+            self.http = HttpServer(app.app, self.bind, self.http_port)
+            await self.http.start()
+            log.info("OpenAI-compatible HTTP API on http://%s/v1 (model %r)", self.http.address, self.model_name)
         await set_serving(self.health, [SERVICE_NAME])
         log.info("GenerationService on %s (%s), drafters: %s", self.address, "TLS" if self.tls else "plaintext",
                  self.drafters.describe())
@@ -154,6 +166,9 @@ class GenerationServer:
     async def stop(self, grace: Optional[float] = 1.0) -> None:
         if self.health is not None:
             await set_serving(self.health, [SERVICE_NAME], serving=False)
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         if self.server is not None:
             await self.server.stop(grace)
         if self._metrics_http is not None:
