@@ -14,11 +14,12 @@ BENCH_MODULES = [
     "stree.bench.rpc",
     "stree.bench.e2e",
     "stree.bench.oracle",
+    "stree.bench.serve",
 ]
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, rpc)")
+    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, rpc, serve)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:
