@@ -15,11 +15,9 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from service_helpers import wait_until  # noqa: E402
+from service_helpers import TinyStack, wait_until  # noqa: E402
 from stree.proto.rpc import shared_loop  # noqa: E402
 from stree.verifier.decode.loop import generate  # noqa: E402
-from stree.verifier.model.checkpoint import init_model, load_model  # noqa: E402
-from stree.verifier.model.tokenizer import load_tokenizer  # noqa: E402
 from stree.verifier.service.chat_template import ChatTemplate  # noqa: E402
 from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, ServerLimits  # noqa: E402
 
@@ -28,19 +26,11 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] | upper }}>{{ m
 N_NEW = 12
 
 
-class Stack:
-    pass
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack()
-    s.model_dir = init_model(tmp_path_factory.mktemp("m") / "tiny", arch="mamba2", d_model=32, n_layer=2,
-                             vocab_size=64, seed=4)
+    s = TinyStack(tmp_path_factory.mktemp("m"), seed=4)
     (s.model_dir / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": TEMPLATE, "bos_token": "^", "eos_token": {"content": "~"}}))
-    s.model = load_model(s.model_dir)
-    s.tok = load_tokenizer(s.model_dir)
     loop = shared_loop()
     s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("ngram"), http_port=0, model_name="tiny",
                                 model_dir=str(s.model_dir),

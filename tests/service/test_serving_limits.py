@@ -12,29 +12,19 @@ import time
 import grpc
 import pytest
 
-from service_helpers import wait_until
+from service_helpers import TinyStack, wait_until
 from stree.proto.rpc import shared_loop
 from stree.proto.stree.v1 import generation_pb2_grpc
 from stree.verifier.decode.loop import generate
-from stree.verifier.model.checkpoint import init_model, load_model
-from stree.verifier.model.tokenizer import load_tokenizer
 from stree.verifier.service.client import Client
 from stree.verifier.service.server import GenerationServer, ServerLimits
 
 MAX_SEQ = 8192
 
 
-class Stack:
-    pass
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack()
-    s.model_dir = init_model(tmp_path_factory.mktemp("m") / "tiny", arch="mamba2", d_model=32, n_layer=1,
-                             vocab_size=64, seed=6)
-    s.model = load_model(s.model_dir)
-    s.tok = load_tokenizer(s.model_dir)
+    s = TinyStack(tmp_path_factory.mktemp("m"), seed=6, n_layer=1)
     s.server = GenerationServer(s.model, s.tok, limits=ServerLimits(max_sessions=8, max_waiting=96,
                                                                     max_seq_len=MAX_SEQ, prefill_chunk=64))
     shared_loop().run(s.server.start())

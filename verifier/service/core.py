@@ -21,6 +21,7 @@ from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.decode.loop import _device_path
+from stree.verifier.service.client import StreamChunk as Event  # one streamed step, or the totals
 from stree.verifier.service.drafters import NO_DRAFTER, RemoteDrafters
 from stree.verifier.service.metrics import ServerMetrics
 from stree.verifier.service.remote_drafter import RemoteDrafter
@@ -74,16 +75,6 @@ class Job:
     stop_ids: list[int]
     drafter_name: str
     drafter: Optional[Drafter]
-
-
-@dataclass
-class Event:
-    token_ids: list[int]
-    text: str
-    step: dict
-    finished: bool = False
-    finish_reason: str = ""
-    stats: dict = field(default_factory=dict)
 
 
 class _RootOnly:
