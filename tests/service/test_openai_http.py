@@ -158,3 +158,25 @@ def test_64_concurrent_streams_equal_their_solo_runs(stack):
         t.join(300)
     assert errors == [] and got == want
     assert wait_until(lambda: stack.server.active_sessions() == 0)
+
+
+def test_sampled_rows_beside_greedy_rows_leave_greedy_exact(stack):
+    want = stack.tok.decode(_greedy(stack, "GREEDY", 8))
+    got, errors = {}, []
+
+    def run(k):
+        try:
+            temp = 0 if k == 0 else 1.0
+            out = stack.client.completions.create(model="tiny", prompt="GREEDY" if k == 0 else f"HOT {k}",
+                                                  max_tokens=8, temperature=temp, top_p=0.9,
+                                                  extra_body={"top_k": 20})
+            got[k] = out.choices[0].text
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert errors == [] and got[0] == want and len(got) == 5
