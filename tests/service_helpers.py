@@ -13,6 +13,19 @@ from stree.drafter_service.service import DrafterServer
 from stree.proto.rpc import shared_loop
 
 
+class TinyStack:
+    """A tiny char-vocabulary Mamba2 checkpoint, loaded, with its tokenizer (servers get added by tests)."""
+
+    def __init__(self, folder, seed: int, n_layer: int = 2):
+        from stree.verifier.model.checkpoint import init_model, load_model
+        from stree.verifier.model.tokenizer import load_tokenizer
+
+        self.model_dir = init_model(folder / "tiny", arch="mamba2", d_model=32, n_layer=n_layer, vocab_size=64,
+                                    seed=seed)
+        self.model = load_model(self.model_dir)
+        self.tok = load_tokenizer(self.model_dir)
+
+
 def wait_until(cond, timeout: float = 60.0) -> bool:
     """Poll ``cond`` every 50 ms until it holds or ``timeout`` passes; returns its last value."""
     end = time.monotonic() + timeout

@@ -16,11 +16,12 @@ BENCH_MODULES = [
     "stree.bench.oracle",
     "stree.bench.batch",
     "stree.bench.step_profile",
+    "stree.bench.serve",
 ]
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, rpc)")
+    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, rpc, serve)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:

@@ -1,8 +1,11 @@
-"""``stree serve``: run the GenerationService for a checkpoint, drafting in-process or through a DrafterService."""
+"""``stree serve``: the GenerationService (gRPC) and, with ``--http-port``, the OpenAI-compatible HTTP API
+for a checkpoint, both on one continuously batched engine; drafting in-process or through a DrafterService."""
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -41,13 +44,19 @@ def build_server(args):
         options = options_function(None, parse_options(args.option))(default)
         drafters = EmbeddedDrafters(default, draft_model=draft, options=options)
     limits = ServerLimits(
-        max_sessions=args.max_sessions, max_seq_len=args.max_seq_len,
-        default_max_new_tokens=args.default_max_new_tokens, max_new_tokens=args.max_new_tokens_limit, budget=budget,
+        max_sessions=args.max_sessions, max_waiting=args.max_waiting, max_seq_len=args.max_seq_len,
+        default_max_new_tokens=args.default_max_new_tokens, max_new_tokens=args.max_new_tokens_limit,
+        max_prompt_chars=args.max_prompt_chars, max_num_samples=args.max_num_samples,
+        max_streams_per_client=args.max_streams_per_client, prefill_chunk=args.prefill_chunk, budget=budget,
     )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
     return GenerationServer(
-        model, tokenizer, drafters, port=args.port, bind=args.bind, limits=limits,
-        model_name=args.model_name or Path(args.model_dir).name, eos_id=eos_token_id(tokenizer),
-        metrics_port=args.metrics_port,
+        model, tokenizer, drafters, port=args.port, bind=args.host, limits=limits,
+        model_name=args.served_model_name or Path(args.model_dir).name, eos_id=eos_token_id(tokenizer),
+        metrics_port=args.metrics_port, tls=tls, http_port=args.http_port, model_dir=args.model_dir,
+        api_key=args.api_key or os.environ.get("STREE_API_KEY"),
     )
 
 
@@ -56,7 +65,9 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = build_server(args)
-    banner = "stree serve listening on {address}"
+    banner = "stree serve: gRPC on {address}"
+    if args.http_port is not None:
+        banner += f" and OpenAI-compatible HTTP on port {args.http_port} (/v1)"
     if args.metrics_port is not None:
         banner += f" (metrics on :{args.metrics_port}/metrics)"
     serve_until_signalled(server, banner)
@@ -65,11 +76,20 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model over gRPC (GenerationService)",
-                       description="Serve MODEL_DIR over the stree.v1.GenerationService gRPC API.")
+    p = sub.add_parser("serve", help="serve a model over gRPC and an OpenAI-compatible HTTP API",
+                       description="Serve MODEL_DIR over the stree.v1.GenerationService gRPC API and, with "
+                                   "--http-port, an OpenAI-compatible HTTP API, on one continuously batched engine.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR")
-    p.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free port)")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    p.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port (off unless given)")
+    p.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
+                   help="interface to listen on; 0.0.0.0 exposes the server to the network")
+    p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default=None,
+                   help="model id of the HTTP API and metrics label (default: MODEL_DIR's folder name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or STREE_API_KEY)")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="gRPC TLS certificate chain")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="gRPC TLS private key")
     p.add_argument("--drafter", metavar="NAME|grpc://HOST:PORT/NAME",
                    help="default drafter: an in-process plugin name, 'none', or a DrafterService URL "
                         "(default: mamba with --draft-model, else ngram)")
@@ -79,14 +99,21 @@ def add_parser(sub) -> None:
     p.add_argument("--deadline-ms", type=float, default=50.0,
                    help="remote drafter: wait at most this long for a tree, then run the step without one")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    p.add_argument("--max-sessions", type=int, default=8, help="concurrent generations")
+    p.add_argument("--max-sessions", type=int, default=8, help="engine slots: requests generated together")
+    p.add_argument("--max-waiting", type=int, default=64,
+                   help="requests queued for a slot; more get RESOURCE_EXHAUSTED / HTTP 429")
     p.add_argument("--max-seq-len", type=int, default=8192, help="prompt + new tokens limit per request")
-    p.add_argument("--default-max-new-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens-limit", type=int, default=4096)
+    p.add_argument("--default-max-new-tokens", type=int, default=128, help="when a request sets none")
+    p.add_argument("--max-new-tokens-limit", type=int, default=4096, help="largest max_new_tokens / max_tokens")
+    p.add_argument("--max-prompt-chars", type=int, default=4_000_000, help="longest prompt text")
+    p.add_argument("--max-num-samples", type=int, default=4, help="largest OpenAI n")
+    p.add_argument("--max-streams-per-client", type=int, default=16,
+                   help="concurrent HTTP generations per client address")
+    p.add_argument("--prefill-chunk", type=int, default=512,
+                   help="prompt tokens prefilled between cancel checks")
     p.add_argument("--max-nodes", type=int, default=None, help="default draft budget: nodes per tree")
     p.add_argument("--max-depth", type=int, default=None, help="default draft budget: tree depth")
     p.add_argument("--max-width", type=int, default=None, help="default draft budget: children per node")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    p.add_argument("--model-name", default=None, help="model_name label of the metrics (default: MODEL_DIR's name)")
     p.set_defaults(func=run)

@@ -66,7 +66,7 @@ def stack(tmp_path_factory):
     )
     s.embedded = GenerationServer(
         s.model, s.tokenizer, EmbeddedDrafters("chain", draft_model=s.model),
-        limits=ServerLimits(max_sessions=2, max_seq_len=MAX_SEQ, budget=BUDGET),
+        limits=ServerLimits(max_sessions=2, max_waiting=0, max_seq_len=MAX_SEQ, budget=BUDGET),
     )
     loop.run(s.remote.start())
     loop.run(s.embedded.start())

@@ -61,6 +61,7 @@ class Request:
     submitted_s: float = field(default_factory=time.perf_counter)
     first_token_s: Optional[float] = None
     finished_s: Optional[float] = None
+    admitted: bool = False  # took a slot (the engine closes its drafter session on leaving)
 
     @property
     def done(self) -> bool:
@@ -138,8 +139,11 @@ class Engine:
     def __init__(self, model: StreeLM, drafter=None, shapes: Sequence[TreeShape | str] = (),
                  max_batch: int = 8, max_seqlen: int = 4096, cuda_graphs: Optional[bool] = None,
                  goodput: bool = False, budget: DraftBudget = DEFAULT_BUDGET, seed: Optional[int] = None,
-                 overlap: bool = True):
+                 overlap: bool = True, prefill_chunk: int = 512):
         self.model = model
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = int(prefill_chunk)
         self.device = model.device
         self.batch = int(max_batch)
         if self.batch < 1:
@@ -261,9 +265,9 @@ class Engine:
                 continue
             t0 = time.perf_counter()
             ctx = torch.tensor(req.prompt_ids[:-1], dtype=torch.long, device=self.device)
-            one = self.model.new_state(1, len(req.prompt_ids) + 1)
-            if ctx.numel():
-                self.model.prefill(ctx.reshape(1, -1), one)
+            one = self._prefill(req, ctx)
+            if one is None:  # cancelled during its prefill: the slot stays free
+                continue
             self.state.assign_row(i, one)
             if self.drafter is not None:
                 self.drafter.prefill_slot(i, ctx)
@@ -271,10 +275,20 @@ class Engine:
             req.root_token = req.prompt_ids[-1]
             self.sampling.set_row(i, req.params)
             self.slots[i] = req
+            req.admitted = True
             req.prefill_s = time.perf_counter() - t0
             changed = True
         if changed:
             self._sync_idle()
+
+    def _prefill(self, req: Request, ctx: torch.Tensor):
+        """The prompt's state, fed ``prefill_chunk`` tokens at a time; None once the request is cancelled."""
+        one = self.model.new_state(1, len(req.prompt_ids) + 1)
+        for start in range(0, ctx.numel(), self.prefill_chunk):
+            if req.done:
+                return None
+            self.model.prefill(ctx[start:start + self.prefill_chunk].reshape(1, -1), one)
+        return None if req.done else one
 
     def _release(self, i: int) -> None:
         req = self.slots[i]
