@@ -25,7 +25,7 @@ class _Running:
 class GoodputController:
     """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample."""
 
-    def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 64):
+    def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256):
         if not shapes:
             raise ValueError("the goodput controller needs at least one shape")
         self.shapes = list(shapes)
@@ -37,8 +37,8 @@ class GoodputController:
 
     def choose(self) -> TreeShape:
         self.step += 1
-        for s in self.shapes:  # measure every shape twice before trusting the numbers
-            if self.stats[s].seen < 2:
+        for s in self.shapes:  # measure every shape before trusting the numbers (the first replay is warm)
+            if self.stats[s].seen < 1:
                 return s
         stale = [s for s in self.shapes if self.step - self.stats[s].last_step > self.retry_every]
         if stale:

@@ -27,8 +27,7 @@ from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 log = logging.getLogger(__name__)
 
 # ``--tree auto``: the shapes the engine chooses among by measured goodput, plain decoding included
-AUTO_SHAPES = tuple(TreeShape.parse(s) for s in ("none", "chain:2", "chain:4", "static:2,2,1,1", "beam:4x2",
-                                                  "beam:5x3"))
+AUTO_SHAPES = tuple(TreeShape.parse(s) for s in ("none", "chain:2", "chain:4", "beam:4x2", "beam:5x3"))
 
 
 class MambaDrafter:
