@@ -508,7 +508,8 @@ class Engine:
             if tree is not None and tree.num_nodes > 1 and tree.mode is not mode:
                 tree = None  # one verification rule per step; a tree of another kind waits its turn
             trees[i] = tree
-        mode = mode or DraftMode.DETERMINISTIC
+        # Greedy rows verify by argmax alone: a sampled tree's draft_probs play no part in them.
+        mode = (mode if any_sampled else None) or DraftMode.DETERMINISTIC
         with_q = any_sampled and mode is not DraftMode.DETERMINISTIC
         q = torch.zeros(self.batch, n, vocab) if with_q else None
         for i, tree in enumerate(trees):
