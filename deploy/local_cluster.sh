@@ -58,14 +58,18 @@ up() {
     "$RAY_PORT" "$DRAFTER_PORT" "$SERVE_PORT" "$METRICS_PORT" "$model" > "$DIR/ports.env"
 
   # Head node (1 CPU) and one worker node (2 CPUs) as separate raylets sharing this machine.
-  "$RAY" start --head --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus 1 --num-gpus 0 \
+  # Each `ray start` runs in a session of its own (its id saved): teardown ends every process of those
+  # sessions, including daemons that name no temp dir in their arguments (ray.util.client.server).
+  setsid bash -c 'echo $$ > "$0/ray-head.sid"; exec "$@"' "$DIR" \
+    "$RAY" start --head --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus 1 --num-gpus 0 \
     --include-dashboard false --temp-dir "$DIR/ray" --disable-usage-stats > "$DIR/ray-head.log" 2>&1
-  "$RAY" start --address "127.0.0.1:$RAY_PORT" --node-ip-address 127.0.0.1 --num-cpus 2 --num-gpus 0 \
+  setsid bash -c 'echo $$ > "$0/ray-worker.sid"; exec "$@"' "$DIR" \
+    "$RAY" start --address "127.0.0.1:$RAY_PORT" --node-ip-address 127.0.0.1 --num-cpus 2 --num-gpus 0 \
     --resources '{"stree_worker_node": 1}' > "$DIR/ray-worker.log" 2>&1
   echo "Ray cluster up: head + 1 worker on 127.0.0.1:$RAY_PORT"
 
   # The drafter service is a Ray driver on the head; its actors spread over both nodes.
-  "$STREE" drafter-service --ray-address "127.0.0.1:$RAY_PORT" --bind 127.0.0.1 --port "$DRAFTER_PORT" \
+  "$STREE" drafter-service --ray-address "127.0.0.1:$RAY_PORT" --host 127.0.0.1 --port "$DRAFTER_PORT" \
     --drafters ngram,chain --draft-model "$model" --replicas 2 > "$DIR/drafter-service.log" 2>&1 &
   echo $! > "$DIR/drafter-service.pid"
   wait_healthy "127.0.0.1:$DRAFTER_PORT" drafter-service "$(cat "$DIR/drafter-service.pid")"
@@ -118,6 +122,14 @@ down() {
       [[ "$args" == *"$DIR/ray"* ]] && roots+=("$pid")
     done < <(ps -eo pid=,args=)
   fi
+  local sids=()
+  for f in "$DIR"/ray-*.sid; do [[ -f "$f" ]] && sids+=("$(cat "$f")"); done
+  if [[ ${#sids[@]} -gt 0 ]]; then
+    while read -r pid sid; do
+      for s in "${sids[@]}"; do [[ "$sid" == "$s" ]] && roots+=("$pid"); done
+    done < <(ps -eo pid=,sid=)
+  fi
+  rm -f "$DIR"/ray-*.sid
   if [[ ${#roots[@]} -gt 0 ]]; then
     mapfile -t all < <(printf '%s\n' "${roots[@]}"; descendants "${roots[@]}")
     stop_pids "${all[@]}"

@@ -24,7 +24,7 @@ from ray.exceptions import ActorDiedError
 from stree.protocols.drafter import DraftBudget
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
-from stree.protocols.registry import filter_options, get_drafter_factory
+from stree.protocols.registry import filter_options, get_drafter_factory, missing_options
 
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,9 @@ class DrafterReplica:
             session = self.drafter.open(list(prompt_ids), params)
         except ValueError as exc:
             return (INVALID, f"drafter {self.name!r} refused the session: {exc}")
-        except Exception as exc:
-            return (FAILED, f"drafter {self.name!r} failed to open a session: {exc!r}")
+        except Exception as exc:  # details to this replica's log; the client gets no tracebacks or paths
+            log.warning("drafter %r failed to open a session: %r", self.name, exc)
+            return (FAILED, f"drafter {self.name!r} failed to open a session")
         self.sessions[session_id] = [session, len(prompt_ids)]
         return (OK, self.replica_id)
 
@@ -123,8 +124,9 @@ class DrafterReplica:
             if not isinstance(tree, TokenTree):
                 raise TypeError(f"draft returned {type(tree).__name__}, not a TokenTree")
         except Exception as exc:  # a broken plugin: drop the session, the service re-opens it
+            log.warning("drafter %r failed to draft: %r", self.name, exc)
             self._drop(session_id)
-            return (FAILED, f"drafter {self.name!r} failed: {exc!r}")
+            return (FAILED, f"drafter {self.name!r} failed to draft; the session is being re-opened")
         return (OK, tree, time.perf_counter() - t0)
 
     def close(self, session_id: str) -> None:
@@ -178,8 +180,14 @@ class DrafterSpec:
 
     @classmethod
     def resolve(cls, name: str, options: Optional[dict] = None) -> "DrafterSpec":
-        """Look ``name`` up in the registry (``ValueError`` for an unknown one)."""
-        return cls(name=name, factory=get_drafter_factory(name), options=dict(options or {}))
+        """Look ``name`` up in the registry (``ValueError`` for an unknown one, or one missing required options,
+        before any actor starts)."""
+        factory = get_drafter_factory(name)
+        missing = missing_options(factory, options or {})
+        if missing:
+            wanted = ", ".join(f"--option {name}.{m}=..." for m in missing)
+            raise ValueError(f"drafter {name!r} needs option(s) {', '.join(missing)} (set {wanted})")
+        return cls(name=name, factory=factory, options=dict(options or {}))
 
     @property
     def uses_model(self) -> bool:
@@ -303,21 +311,38 @@ class ReplicaPool:
         self.replicas = []
 
 
-class DrafterHost:
-    """Every drafter pool of one service, started up front or on first use."""
+class PoolLimitReached(RuntimeError):
+    """Starting one more drafter pool would pass the host's ``max_pools``."""
 
-    def __init__(self, options_for: Callable[[str], dict], config: PoolConfig = PoolConfig()):
+
+class DrafterHost:
+    """Every drafter pool of one service, started up front or on first use.
+
+    ``served``: the only names clients may open (None: any registered name); at most ``max_pools``
+    pools run at once, so clients cannot make the service start actors without bound.
+    """
+
+    def __init__(self, options_for: Callable[[str], dict], config: PoolConfig = PoolConfig(),
+                 served: Optional[Sequence[str]] = None, max_pools: int = 4):
         self.options_for = options_for
         self.config = config
+        self.served = None if served is None else frozenset(served)
+        self.max_pools = max_pools
         self.pools: dict[str, ReplicaPool] = {}
         self._starting: dict[str, asyncio.Task] = {}
 
     async def pool(self, name: str) -> ReplicaPool:
-        """The pool of drafter ``name``, starting it if needed (``ValueError`` when unknown)."""
+        """The pool of drafter ``name``, starting it if needed (``ValueError`` when unknown or not served,
+        ``PoolLimitReached`` when ``max_pools`` already run)."""
         if name in self.pools:
             return self.pools[name]
         task = self._starting.get(name)
         if task is None:
+            get_drafter_factory(name)  # unknown names: the registry's ValueError
+            if self.served is not None and name not in self.served:
+                raise ValueError(f"drafter {name!r} is not served here (served: {', '.join(sorted(self.served))})")
+            if len(self.pools) + len(self._starting) >= self.max_pools:
+                raise PoolLimitReached(f"this service already runs {self.max_pools} drafters, its limit")
             spec = DrafterSpec.resolve(name, self.options_for(name))
             task = asyncio.get_running_loop().create_task(self._start(spec))
             self._starting[name] = task

@@ -11,21 +11,42 @@ import asyncio
 import collections
 import logging
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 from ray.exceptions import RayError
 
-from stree.drafter_service.actors import FAILED, INVALID, OK, DrafterHost, PoolConfig, Replica, ReplicaPool
+from stree.drafter_service.actors import (FAILED, INVALID, OK, DrafterHost, PoolConfig, PoolLimitReached, Replica,
+                                          ReplicaPool)
 from stree.proto.codec import budget_from_pb, budget_tuple, sampling_from_pb, tree_to_pb
-from stree.proto.rpc import set_serving, start_server
-from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc
+from stree.proto.rpc import peer_host, server_options, set_serving, start_server
+from stree.proto.stree.v1 import drafter_pb2
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
 
 
 log = logging.getLogger(__name__)
 
 Err = drafter_pb2.DrafterError
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """What one client may ask of the service (each refused with a status naming the limit)."""
+
+    max_context_tokens: int = 262_144  # prompt + commits of one session
+    max_sessions: int = 1024  # open streams, all clients together
+    max_sessions_per_client: int = 256  # open streams from one client host
+
+    @property
+    def max_request_bytes(self) -> int:
+        """A request carrying a whole max-size context (<= 5 bytes per varint token) plus headroom."""
+        return 5 * self.max_context_tokens + 64 * 1024
+
+
+_MALFORMED = object()  # a request that did not parse
 
 
 class SessionAborted(Exception):
@@ -40,11 +61,15 @@ class SessionAborted(Exception):
 class StreamSession:
     """Reads requests into a queue and answers them in order, skipping drafts a later request made stale."""
 
-    def __init__(self, host: DrafterHost, context: grpc.aio.ServicerContext, call_timeout_s: float = 30.0):
+    def __init__(self, host: DrafterHost, context: grpc.aio.ServicerContext, call_timeout_s: float = 30.0,
+                 limits: ServiceLimits = ServiceLimits()):
         self.host = host
         self.grpc_context = context
         self.call_timeout_s = call_timeout_s
-        self.session_id = ""
+        self.limits = limits
+        # Issued here, never taken from the client: two streams can never share (or take over) a session.
+        self.session_id = uuid.uuid4().hex
+        self.label = ""  # the client's session_id, for logs only
         self.pool: Optional[ReplicaPool] = None
         self.replica: Optional[Replica] = None
         self.sampling: dict = {}
@@ -60,9 +85,13 @@ class StreamSession:
     async def _read_all(self) -> None:
         try:
             while True:
-                req = await self.grpc_context.read()
-                if req is grpc.aio.EOF:
+                raw = await self.grpc_context.read()
+                if raw is grpc.aio.EOF:
                     return
+                try:
+                    req = drafter_pb2.DrafterRequest.FromString(raw)
+                except DecodeError:
+                    req = _MALFORMED  # answered INVALID_ARGUMENT in order, after the requests before it
                 self._queue.append(req)
                 self._arrived.set()
         finally:  # end of stream, or the connection broke: the session winds down either way
@@ -79,24 +108,32 @@ class StreamSession:
 
     def _superseded(self) -> bool:
         """A queued Commit or Draft makes the draft being handled stale."""
-        return any(r.WhichOneof("kind") in ("commit", "draft") for r in self._queue)
+        return any(r is not _MALFORMED and r.WhichOneof("kind") in ("commit", "draft") for r in self._queue)
 
     async def _write_error(self, request_id: int, code, message: str) -> None:
         await self.grpc_context.write(
             drafter_pb2.DrafterResponse(error=Err(request_id=request_id, code=code, message=message))
         )
 
+    async def _next_valid(self):
+        """The next request (None at end of stream); a malformed one ends the stream INVALID_ARGUMENT."""
+        req = await self._next()
+        if req is _MALFORMED:
+            raise SessionAborted(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "request is not a valid stree.v1.DrafterRequest (malformed protobuf or invalid UTF-8)")
+        return req
+
     async def run(self) -> None:
         reader = asyncio.get_running_loop().create_task(self._read_all())
         try:
-            first = await self._next()
+            first = await self._next_valid()
             if first is None:
                 return
             if first.WhichOneof("kind") != "open":
                 raise SessionAborted(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be Open")
             await self._open(first.open)
             while True:
-                req = await self._next()
+                req = await self._next_valid()
                 if req is None:
                     return
                 kind = req.WhichOneof("kind")
@@ -118,22 +155,28 @@ class StreamSession:
         bad = grpc.StatusCode.INVALID_ARGUMENT
         if not msg.prompt_ids:
             raise SessionAborted(bad, "Open: the prompt must contain at least one token")
+        if len(msg.prompt_ids) > self.limits.max_context_tokens:
+            raise SessionAborted(bad, f"Open: prompt_ids has {len(msg.prompt_ids)} tokens, more than the limit of "
+                                      f"{self.limits.max_context_tokens}")
         try:
             params = sampling_from_pb(msg.sampling)
             self.budget = budget_from_pb(msg.budget, DEFAULT_BUDGET)
         except ValueError as exc:
             raise SessionAborted(bad, f"Open: {exc}") from exc
-        self.session_id = msg.session_id or f"s{id(self):x}"
+        self.label = msg.session_id[:64]
         self.sampling = params.to_dict()
         self.context = list(msg.prompt_ids)
         try:
             self.pool = await self.host.pool(msg.drafter)
         except ValueError as exc:
             raise SessionAborted(bad, f"Open: {exc}") from exc
-        except Exception as exc:
+        except PoolLimitReached as exc:
+            raise SessionAborted(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Open: {exc}") from exc
+        except Exception as exc:  # the details (Ray tracebacks, paths, addresses) go to the log only
+            log.warning("drafter %r failed to start: %s", msg.drafter, exc)
             raise SessionAborted(
-                grpc.StatusCode.FAILED_PRECONDITION, f"Open: drafter {msg.drafter!r} cannot start: {exc}"
-            ) from exc
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Open: drafter {msg.drafter!r} failed to start (see the drafter service's log)") from exc
         status, detail = await self._place(attempts=5)
         if status == INVALID:
             raise SessionAborted(bad, f"Open: {detail}")
@@ -149,7 +192,7 @@ class StreamSession:
         """Open the session from the tracked context on the least-loaded replica, retrying on failure."""
         detail, delay = "no replica", 0.1
         for _ in range(attempts):
-            self.pool.release(self.replica, self.session_id)
+            self._leave_replica()
             self.replica = self.pool.acquire(self.session_id)
             if self.replica is not None:
                 snapshot = len(self.context)
@@ -160,7 +203,8 @@ class StreamSession:
                     )
                 except (RayError, asyncio.TimeoutError) as exc:
                     self.pool.report_failure(self.replica, exc)
-                    status, detail = FAILED, f"replica {self.replica.actor_name}: {exc!r}"
+                    log.warning("session %s: open on %s failed: %r", self.session_id, self.replica.actor_name, exc)
+                    status, detail = FAILED, "the drafter replica did not answer"
                 if status in (OK, INVALID):
                     self.pending = self.context[snapshot:]
                     return status, detail
@@ -168,8 +212,26 @@ class StreamSession:
             delay = min(delay * 2, 2.0)
         return FAILED, detail
 
+    def _leave_replica(self) -> None:
+        """Release this session's replica and drop the session there (a stalled replica runs the close
+        after its pending calls, so no session is left behind on it)."""
+        if self.replica is None:
+            return
+        self.pool.release(self.replica, self.session_id)
+        try:
+            self.replica.handle.close.remote(self.session_id)
+        except RayError as exc:
+            log.debug("close on a dead replica: %r", exc)
+        self.replica = None
+
     def _commit(self, msg) -> None:
         expected = len(self.context) + len(msg.tokens)
+        if expected > self.limits.max_context_tokens:
+            raise SessionAborted(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"Commit: the context would reach {expected} tokens, more than the limit of "
+                f"{self.limits.max_context_tokens}",
+            )
         if msg.context_length != expected:
             raise SessionAborted(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -218,8 +280,9 @@ class StreamSession:
             )
         except (RayError, asyncio.TimeoutError) as exc:
             self.pool.report_failure(replica, exc)
+            log.warning("session %s: draft on %s failed: %r", self.session_id, replica.actor_name, exc)
             self._start_reopen()
-            await self._write_error(rid, Err.UNAVAILABLE, f"replica {replica.actor_name} failed: {exc!r}"[:500])
+            await self._write_error(rid, Err.UNAVAILABLE, "the drafter replica failed; the session is being re-opened")
             return
         status = result[0]
         if status == OK:
@@ -241,36 +304,51 @@ class StreamSession:
     def _close(self) -> None:
         if self.reopen is not None:
             self.reopen.cancel()
-        if self.pool is not None and self.replica is not None:
-            self.pool.release(self.replica, self.session_id)
-            try:
-                self.replica.handle.close.remote(self.session_id)
-            except RayError as exc:
-                log.debug("close on a dead replica: %r", exc)
-        self.replica = None
+        if self.pool is not None:
+            self._leave_replica()
 
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
 
 
-class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
-    def __init__(self, host: DrafterHost, call_timeout_s: float = 30.0):
+class DrafterServicer:
+    """``Session`` streams, at most ``limits.max_sessions`` at once (and per client host)."""
+
+    def __init__(self, host: DrafterHost, call_timeout_s: float = 30.0, limits: ServiceLimits = ServiceLimits()):
         self.host = host
         self.call_timeout_s = call_timeout_s
+        self.limits = limits
         self.active_streams = 0
+        self.per_client: collections.Counter = collections.Counter()
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Register ``Session`` taking raw bytes, so a malformed request is ours to answer (INVALID_ARGUMENT)."""
+        handler = grpc.stream_stream_rpc_method_handler(
+            self.Session, request_deserializer=None,
+            response_serializer=drafter_pb2.DrafterResponse.SerializeToString)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler}),))
 
     async def Session(self, request_iterator, context):
         # Read and write through ``context`` (one reader task, one writer): see StreamSession.
-        session = StreamSession(self.host, context, self.call_timeout_s)
+        client = peer_host(context.peer())
+        if self.active_streams >= self.limits.max_sessions:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the service has {self.active_streams} open sessions, its limit")
+        if self.per_client[client] >= self.limits.max_sessions_per_client:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this client has {self.per_client[client]} open sessions, the per-client limit")
+        session = StreamSession(self.host, context, self.call_timeout_s, self.limits)
         self.active_streams += 1
+        self.per_client[client] += 1
         try:
             await session.run()
         except SessionAborted as exc:
             await context.abort(exc.code, exc.message)
         finally:
             self.active_streams -= 1
+            self.per_client[client] -= 1
+            if self.per_client[client] <= 0:
+                del self.per_client[client]
 
 
 class DrafterServer:
@@ -285,13 +363,23 @@ class DrafterServer:
         pool_config: PoolConfig = PoolConfig(),
         call_timeout_s: float = 30.0,
         host: Optional[DrafterHost] = None,
+        limits: ServiceLimits = ServiceLimits(),
+        credentials: Optional[grpc.ServerCredentials] = None,
+        api_key: Optional[str] = None,
+        on_demand: bool = False,
     ):
-        """``host``: keep serving the pools of a stopped server (restart the gRPC front, not the actors)."""
+        """``host``: keep serving the pools of a stopped server (restart the gRPC front, not the actors).
+        Only ``drafters`` are served unless ``on_demand`` (then any registered name, up to the host's
+        pool limit); ``credentials``: TLS; ``api_key``: required as a bearer token on every call."""
         self.requested_port = port
         self.bind = bind
         self.preload = list(drafters)
-        self.host = host or DrafterHost(options_for or (lambda name: {}), pool_config)
-        self.servicer = DrafterServicer(self.host, call_timeout_s)
+        served = None if on_demand or not self.preload else self.preload
+        self.host = host or DrafterHost(options_for or (lambda name: {}), pool_config, served=served)
+        self.limits = limits
+        self.credentials = credentials
+        self.api_key = api_key
+        self.servicer = DrafterServicer(self.host, call_timeout_s, limits)
         self.server: Optional[grpc.aio.Server] = None
         self.health = None
         self.port: Optional[int] = None
@@ -303,8 +391,8 @@ class DrafterServer:
     async def start(self) -> None:
         """Bind, start the drafters named up front, then report SERVING."""
         self.server, self.health, self.port = await start_server(  # health: NOT_SERVING until ready
-            self.bind, self.requested_port,
-            lambda srv: drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self.servicer, srv), SERVICE_NAME)
+            self.bind, self.requested_port, self.servicer.add_to, SERVICE_NAME, credentials=self.credentials,
+            api_key=self.api_key, options=server_options(self.limits.max_request_bytes))
         for name in self.preload:
             await self.host.pool(name)
         await set_serving(self.health, [SERVICE_NAME])

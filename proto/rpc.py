@@ -1,12 +1,16 @@
 """gRPC plumbing both stree services share: health, reflection, channel options, server start-up,
-and an asyncio event loop on a daemon thread for driving grpc.aio code from synchronous callers.
+TLS credentials, the API-key check, and an asyncio event loop on a daemon thread for driving
+grpc.aio code from synchronous callers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hmac
+import os
 import threading
+from pathlib import Path
 from typing import Awaitable, Optional, Sequence, TypeVar
 
 import grpc
@@ -31,6 +35,113 @@ SERVER_OPTIONS = CHANNEL_OPTIONS + [
 ]
 
 
+# Requests to a server are small (token ids, budgets): a tighter cap than responses' stops a client
+# from making the server buffer hundreds of MB before any check runs.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+API_KEY_ENV = "STREE_API_KEY"
+OPEN_METHODS = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")  # probes need no key
+
+
+def server_options(max_request_bytes: int = MAX_REQUEST_BYTES) -> list:
+    """SERVER_OPTIONS with the request size capped at ``max_request_bytes`` (RESOURCE_EXHAUSTED above it)."""
+    opts = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    return opts + [("grpc.max_receive_message_length", int(max_request_bytes))]
+
+
+def _read(path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+
+
+def server_credentials(cert_file, key_file, client_ca_file=None) -> grpc.ServerCredentials:
+    """TLS for a server (PEM files); with ``client_ca_file`` clients must show a certificate it signed (mTLS)."""
+    pair = [(_read(key_file, "TLS key"), _read(cert_file, "TLS certificate"))]
+    if client_ca_file is None:
+        return grpc.ssl_server_credentials(pair)
+    return grpc.ssl_server_credentials(pair, root_certificates=_read(client_ca_file, "client CA"),
+                                       require_client_auth=True)
+
+
+def channel_credentials(ca_file=None, cert_file=None, key_file=None) -> grpc.ChannelCredentials:
+    """TLS for a client: ``ca_file`` to trust (default: the system's), a client cert/key pair for mTLS."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs both cert_file and key_file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca_file, "CA certificate") if ca_file else None,
+        private_key=_read(key_file, "TLS key") if key_file else None,
+        certificate_chain=_read(cert_file, "TLS certificate") if cert_file else None,
+    )
+
+
+def api_key_from_env(explicit: Optional[str] = None) -> Optional[str]:
+    """``explicit`` when given, else ``$STREE_API_KEY`` (None when neither is set or both are empty)."""
+    key = explicit if explicit is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
+
+def auth_metadata(api_key: Optional[str]) -> tuple:
+    """Call metadata carrying ``api_key`` as a bearer token (empty without a key)."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def _denied(handler, message: str):
+    """A handler of ``handler``'s shape that ends the call UNAUTHENTICATED."""
+
+    async def deny(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def deny_stream(requests, context):
+        async def drain():
+            async for _ in requests:
+                continue
+
+        # Take what the client sent right behind its first message: an aio client whose write lands after
+        # the call ended reads INTERNAL instead of our status. Refusals need not be fast.
+        try:
+            await asyncio.wait_for(drain(), 0.1)
+        except asyncio.TimeoutError:
+            pass
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny_stream)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny)
+    return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Every call but health probes must carry ``authorization: Bearer <api key>`` (UNAUTHENTICATED else)."""
+
+    def __init__(self, api_key: str, open_methods: Sequence[str] = OPEN_METHODS):
+        if not api_key:
+            raise ValueError("the API key must not be empty")
+        self.expected = f"Bearer {api_key}".encode()
+        self.open_methods = set(open_methods)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or details.method in self.open_methods:
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if isinstance(given, str):
+            given = given.encode()
+        if hmac.compare_digest(given, self.expected):
+            return handler
+        return _denied(handler, "missing or wrong API key (metadata 'authorization: Bearer <key>')")
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``), for per-client limits."""
+    kind, _, rest = peer.partition(":")
+    host = rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else rest
+    return f"{kind}:{host}"
+
+
 def add_health_and_reflection(server: grpc.aio.Server, service_names: Sequence[str]):
     """Register grpc.health.v1 and reflection; call ``set_serving(..., False)`` before starting, since
     the health servicer reports the whole server ("") SERVING from the start otherwise."""
@@ -48,14 +159,20 @@ async def set_serving(servicer, service_names: Sequence[str], serving: bool = Tr
         await servicer.set(name, status)
 
 
-async def start_server(bind: str, port: int, add_servicer, service_name: str):
+async def start_server(bind: str, port: int, add_servicer, service_name: str, credentials=None,
+                       api_key: Optional[str] = None, options: Optional[list] = None):
     """An aio server with ``add_servicer(server)`` plus health (NOT_SERVING until the caller is ready)
-    and reflection, bound and started; returns ``(server, health, bound_port)``."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    and reflection, bound (TLS with ``credentials``; ``api_key`` required on every call but health
+    probes) and started; returns ``(server, health, bound_port)``."""
+    interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
+    server = grpc.aio.server(options=options or server_options(), interceptors=interceptors)
     add_servicer(server)
     health = add_health_and_reflection(server, [service_name])
     await set_serving(health, [service_name], serving=False)
-    bound = server.add_insecure_port(f"{bind}:{port}")
+    if credentials is not None:
+        bound = server.add_secure_port(f"{bind}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{bind}:{port}")
     if not bound:
         raise ValueError(f"cannot listen on {bind}:{port}")
     await server.start()

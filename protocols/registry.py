@@ -83,3 +83,13 @@ def filter_options(factory: Callable, options: dict) -> dict:
         return dict(options)
     accepted = {p.name for p in params}
     return {k: v for k, v in options.items() if k in accepted}
+
+
+def missing_options(factory: Callable, options: dict) -> list[str]:
+    """Required keyword parameters of ``factory`` that ``options`` lacks (none when its signature is hidden)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in options]

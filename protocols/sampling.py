@@ -12,6 +12,11 @@ from typing import Optional
 import torch
 
 
+# Smallest temperature and top_p that stay meaningful in float32 (1e-300 passed and underflowed later).
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-6
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """``temperature == 0`` means greedy; ``top_k == 0`` and ``top_p == 1`` disable those filters."""
@@ -26,10 +31,14 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.temperature == float("inf"):
             raise ValueError("temperature must be finite")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / t would overflow float32
+            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < MIN_TOP_P:  # below float32 resolution of a probability sum
+            raise ValueError(f"top_p must be >= {MIN_TOP_P}, got {self.top_p}")
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+import torch
+
 from .token_tree import TokenTree, _scalar_int
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ def tree_problem(tree, root: int, budget: "DraftBudget", vocab_size: int) -> Opt
     probs = tree.draft_probs
     if probs is not None and probs.shape[-1] != vocab_size:
         return f"draft_probs cover {probs.shape[-1]} tokens, the target has {vocab_size}"
+    if probs is not None and not bool((torch.isfinite(probs) & (probs >= 0)).all()):  # changed in place after build
+        return "draft_probs hold NaN, infinite or negative entries"
     return budget_problem(tree, budget)
 
 

@@ -38,16 +38,17 @@ def wait_until(cond, timeout: float = 60.0) -> bool:
 
 @contextlib.contextmanager
 def drafter_service(drafters, replicas: int = 1, options_for=None, test_module: str | None = None,
-                    start_timeout: float = 240.0):
+                    start_timeout: float = 240.0, **server_kwargs):
     """A running DrafterService on a fresh local Ray cluster; shut down (Ray included) on exit.
 
-    ``test_module``: a test module whose drafter classes Ray workers must receive by value.
+    ``test_module``: a test module whose drafter classes Ray workers must receive by value;
+    ``server_kwargs``: more DrafterServer arguments (limits, credentials, api_key, call_timeout_s).
     """
     if test_module is not None:
         ray.cloudpickle.register_pickle_by_value(sys.modules[test_module])
     init_ray("local")
     loop = shared_loop()
-    kwargs = {"options_for": options_for} if options_for is not None else {}
+    kwargs = dict(server_kwargs, **({"options_for": options_for} if options_for is not None else {}))
     srv = DrafterServer(port=0, drafters=list(drafters), pool_config=PoolConfig(replicas=replicas), **kwargs)
     try:
         loop.run(srv.start(), start_timeout)

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for commands that re-run themselves (supervise)
     try:
         rc = args.func(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -44,7 +44,19 @@ def add_parser(subparsers) -> None:
         description="Run drafter plugins as Ray actor replicas behind the stree.v1.DrafterService gRPC API.",
     )
     p.add_argument("--port", type=int, default=50061, help="port to listen on (0: any free port)")
-    p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default 0.0.0.0)")
+    p.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
+                   help="interface to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface, "
+                        "then use --tls-* and --api-key)")
+    p.add_argument("--tls-cert", default=None, help="PEM server certificate (TLS; with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default=None, help="PEM CA that client certificates must chain to (mTLS)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'authorization: Bearer KEY' on every call but health probes "
+                        "(default: $STREE_API_KEY; unset: no key)")
+    p.add_argument("--on-demand", action="store_true",
+                   help="serve any registered drafter on first use (default: only --drafters)")
+    p.add_argument("--max-context", type=int, default=262_144, help="most tokens of one session's context")
+    p.add_argument("--max-sessions", type=int, default=1024, help="most open sessions, all clients together")
     p.add_argument("--ray-address", default="local",
                    help="'local' starts a private Ray instance, 'auto' joins the running cluster, or HOST:PORT")
     p.add_argument("--ray-num-cpus", type=int, default=2, help="CPUs of a 'local' Ray instance")
@@ -61,14 +73,23 @@ def add_parser(subparsers) -> None:
     p.add_argument("--replica-resources", default="{}", metavar="JSON",
                    help='custom Ray resources each replica needs, e.g. \'{"stree_drafter": 1}\' to keep replicas '
                         "on the nodes that offer it")
+    p.add_argument("--no-supervise", action="store_true",
+                   help="serve in this process (default: in a child process group that is cleaned up on exit, so "
+                        "no Ray process outlives the service even when it is killed)")
     p.add_argument("--call-timeout", type=float, default=30.0, help="seconds before a replica call counts as failed")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stree.proto.rpc import serve_until_signalled
+    from stree.cli.supervise import is_supervised, run_supervised
+
+    if not args.no_supervise and not is_supervised():
+        return run_supervised(args.argv)
+    import ray
+
+    from stree.proto.rpc import api_key_from_env, serve_until_signalled, server_credentials
     from stree.drafter_service.actors import PoolConfig, init_ray
-    from stree.drafter_service.service import DrafterServer
+    from stree.drafter_service.service import DrafterServer, ServiceLimits
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = parse_options(args.option)
@@ -86,15 +107,33 @@ def run(args: argparse.Namespace) -> int:
         num_cpus=args.cpus_per_replica,
         num_gpus=args.gpus_per_replica,
     )
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    if not drafters and not args.on_demand:
+        raise ValueError("name the drafters to serve with --drafters (or pass --on-demand)")
+    if args.max_context < 1 or args.max_sessions < 1:
+        raise ValueError("--max-context and --max-sessions must be >= 1")
+    limits = ServiceLimits(max_context_tokens=args.max_context, max_sessions=args.max_sessions,
+                           max_sessions_per_client=min(256, args.max_sessions))
     init_ray(args.ray_address, num_cpus=args.ray_num_cpus)
     server = DrafterServer(
         port=args.port,
-        bind=args.bind,
+        bind=args.host,
         drafters=drafters,
         options_for=options_function(args.draft_model, options),
         pool_config=config,
         call_timeout_s=args.call_timeout,
+        limits=limits,
+        credentials=credentials,
+        api_key=api_key_from_env(args.api_key),
+        on_demand=args.on_demand,
     )
-    serve_until_signalled(server, "stree drafter-service listening on {address}")
+    try:
+        serve_until_signalled(server, "stree drafter-service listening on {address}")
+    finally:
+        ray.shutdown()
     print("stree drafter-service: stopped", flush=True)
     return 0

@@ -536,7 +536,8 @@ class Engine:
         vocab = self.model.vocab_size
         packed = torch.zeros(4, self.batch, n, dtype=torch.long)
         packed[2] = 1  # padding nodes: children of the root, never valid
-        mode = mode or DraftMode.DETERMINISTIC
+        # Greedy rows verify by argmax alone: a sampled tree's draft_probs play no part in them.
+        mode = (mode if any_sampled else None) or DraftMode.DETERMINISTIC
         with_q = any_sampled and mode is not DraftMode.DETERMINISTIC
         q = torch.zeros(self.batch, n, vocab) if with_q else None
         for i, tree in enumerate(trees):

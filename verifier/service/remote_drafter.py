@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from urllib.parse import urlparse
 
 import grpc
 
-from stree.proto.rpc import CHANNEL_OPTIONS
+from stree.proto.rpc import CHANNEL_OPTIONS, api_key_from_env, auth_metadata, channel_credentials
 from stree.proto.rpc import LoopThread, shared_loop
 from stree.proto.codec import budget_to_pb, sampling_to_pb, tree_from_pb
 from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc
@@ -34,12 +35,17 @@ from stree.protocols.token_tree import TokenTree
 log = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE_S = 0.05
+TLS_CA_ENV = "STREE_TLS_CA"  # a CA file to trust for grpcs:// drafters when none is passed
+# How long ``open`` waits for the service to accept a session: a stalled service must cost a request
+# a fraction of a second, not seconds (drafting starts later, once the Opened answer arrives).
+DEFAULT_OPEN_TIMEOUT_S = 0.2
 REMOTE_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-_REJECTED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+_REJECTED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.OUT_OF_RANGE)
 
 
 class DraftUnavailable(RuntimeError):
@@ -47,10 +53,10 @@ class DraftUnavailable(RuntimeError):
 
 
 def parse_drafter_url(url: str) -> tuple[str, str]:
-    """``grpc://HOST:PORT/NAME`` -> (``HOST:PORT``, ``NAME``); ``ValueError`` when malformed."""
+    """``grpc://HOST:PORT/NAME`` or ``grpcs://`` (TLS) -> (``HOST:PORT``, ``NAME``); ``ValueError`` when malformed."""
     parsed = urlparse(url)
     name = parsed.path.strip("/")
-    if parsed.scheme != "grpc" or not parsed.netloc or not name or "/" in name:
+    if parsed.scheme not in ("grpc", "grpcs") or not parsed.netloc or not name or "/" in name:
         raise ValueError(f"a remote drafter is grpc://HOST:PORT/NAME, got {url!r}")
     if parsed.port is None:
         raise ValueError(f"remote drafter {url!r} needs a port (grpc://HOST:PORT/NAME)")
@@ -65,21 +71,39 @@ class RemoteDrafter:
         address: str,
         drafter: Optional[str] = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
-        open_timeout_s: float = 10.0,
+        open_timeout_s: Optional[float] = None,
         budget: Optional[DraftBudget] = None,
         pipeline: bool = True,
         loop: Optional[LoopThread] = None,
+        tls: bool = False,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
+        api_key: Optional[str] = None,
     ):
-        if address.startswith("grpc://"):
+        """``open_timeout_s``: default the larger of ``DEFAULT_OPEN_TIMEOUT_S`` and ``deadline_s``.
+        ``grpcs://`` addresses or ``tls``: TLS, trusting ``ca_file`` (default ``$STREE_TLS_CA``, else the system's CAs), with
+        ``cert_file``/``key_file`` for mTLS; ``api_key`` (default ``$STREE_API_KEY``) as a bearer token."""
+        if address.startswith(("grpc://", "grpcs://")):
+            tls = tls or address.startswith("grpcs://")
             address, url_name = parse_drafter_url(address)
             drafter = drafter or url_name
         if not drafter:
             raise ValueError("RemoteDrafter needs a drafter name (grpc://HOST:PORT/NAME or drafter=)")
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        if tls and not ca_file:
+            ca_file = os.environ.get(TLS_CA_ENV) or None
+        if open_timeout_s is None:
+            open_timeout_s = max(DEFAULT_OPEN_TIMEOUT_S, deadline_s)
+        if not open_timeout_s > 0:
+            raise ValueError(f"open_timeout_s must be > 0, got {open_timeout_s}")
         self.address = address
         self.drafter = drafter
-        self.name = f"grpc://{address}/{drafter}"
+        self.scheme = "grpcs" if tls or ca_file or cert_file else "grpc"
+        self.credentials = channel_credentials(ca_file, cert_file, key_file) if self.scheme == "grpcs" else None
+        self.metadata = auth_metadata(api_key_from_env(api_key))
+        self.name = f"{self.scheme}://{address}/{drafter}"
         self.deadline_s = deadline_s
         self.open_timeout_s = open_timeout_s
         self.budget = budget
@@ -90,13 +114,15 @@ class RemoteDrafter:
         self._owner = True
 
     async def _make_channel(self) -> grpc.aio.Channel:
+        if self.credentials is not None:
+            return grpc.aio.secure_channel(self.address, self.credentials, options=REMOTE_CHANNEL_OPTIONS)
         return grpc.aio.insecure_channel(self.address, options=REMOTE_CHANNEL_OPTIONS)
 
     def with_drafter(self, drafter: str) -> "RemoteDrafter":
         """The same service and channel, another drafter name."""
         other = object.__new__(RemoteDrafter)
         other.__dict__.update(self.__dict__)
-        other.drafter, other.name, other._owner = drafter, f"grpc://{self.address}/{drafter}", False
+        other.drafter, other.name, other._owner = drafter, f"{self.scheme}://{self.address}/{drafter}", False
         return other
 
     def open(
@@ -195,7 +221,7 @@ class RemoteDrafterSession:
         self._out = asyncio.Queue()
         for req in first:
             self._out.put_nowait(req)
-        self._call = self.remote.stub.Session(wait_for_ready=False)
+        self._call = self.remote.stub.Session(wait_for_ready=False, metadata=self.remote.metadata)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._writer(self._call, self._out)),
                        loop.create_task(self._reader(self._call, opened))]
@@ -308,6 +334,11 @@ class RemoteDrafterSession:
             raise DraftUnavailable("session is closed")
         self.stats["drafts"] += 1
         self._last_budget = budget
+        if not self._live and self._broken is None and self._opened is not None:
+            try:  # still opening: wait for it within this draft's deadline
+                self._opened.result(self.remote.deadline_s)
+            except Exception as exc:  # noqa: BLE001 - late or failed: this step goes without a draft
+                log.debug("session %s not open yet: %r", self.session_id, exc)
         if not self._live:
             if self._broken is not None and time.monotonic() >= self._retry_at:
                 self.stats["reconnects"] += 1

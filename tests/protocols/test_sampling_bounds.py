@@ -1,0 +1,24 @@
+"""SamplingParams refuses temperatures and top_p values too small for float32 (they passed and underflowed later)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stree.protocols.sampling import MIN_TEMPERATURE, MIN_TOP_P, SamplingParams
+
+
+@pytest.mark.parametrize("field, value, limit", [
+    ("temperature", 1e-300, f">= {MIN_TEMPERATURE}"),
+    ("temperature", 1e-6, f">= {MIN_TEMPERATURE}"),
+    ("top_p", 1e-300, f">= {MIN_TOP_P}"),
+    ("top_p", 1e-9, f">= {MIN_TOP_P}"),
+])
+def test_tiny_values_are_refused_naming_the_field_and_limit(field, value, limit):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**{field: value})
+    assert field in str(info.value) and limit in str(info.value)
+
+
+def test_the_bounds_themselves_and_greedy_are_accepted():
+    assert SamplingParams(temperature=MIN_TEMPERATURE, top_p=MIN_TOP_P).top_p == MIN_TOP_P
+    assert SamplingParams(temperature=0.0).greedy
