@@ -19,11 +19,12 @@ def build_server(args):
     """A ``GenerationServer`` from parsed arguments (loads the model; does not start it)."""
     from stree.verifier.model.checkpoint import load_model
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
-    from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
+    from stree.verifier.model.generation_settings import load_generation_settings
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(args.model_dir, device=device, dtype=DTYPES[args.dtype])
-    tokenizer = load_tokenizer(args.model_dir)
+    settings = load_generation_settings(args.model_dir, args.tokenizer)
+    tokenizer = settings.tokenizer
     budget = DraftBudget(
         max_nodes=args.max_nodes or DEFAULT_BUDGET.max_nodes,
         max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
@@ -46,7 +47,7 @@ def build_server(args):
     )
     return GenerationServer(
         model, tokenizer, drafters, port=args.port, bind=args.bind, limits=limits,
-        model_name=args.model_name or Path(args.model_dir).name, eos_id=eos_token_id(tokenizer),
+        model_name=args.model_name or Path(args.model_dir).name, eos_id=settings.eos_token_ids,
         metrics_port=args.metrics_port,
     )
 
@@ -68,6 +69,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over gRPC (GenerationService)",
                        description="Serve MODEL_DIR over the stree.v1.GenerationService gRPC API.")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free port)")
     p.add_argument("--bind", default="0.0.0.0", help="interface to listen on (default 0.0.0.0)")
     p.add_argument("--drafter", metavar="NAME|grpc://HOST:PORT/NAME",

@@ -205,7 +205,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self.drafters = drafters
         self.limits = limits
         self.metrics = metrics
-        self.eos_id = eos_id
+        self.eos_ids = [] if eos_id is None else ([eos_id] if isinstance(eos_id, int) else list(eos_id))
         self.executor = concurrent.futures.ThreadPoolExecutor(limits.max_sessions, thread_name_prefix="stree-decode")
         self.active = 0
         self._count_lock = threading.Lock()
@@ -254,8 +254,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             raise InvalidRequest(str(exc)) from exc
         name = req.drafter or self.drafters.default
         stop_ids = list(req.stop_token_ids)
-        if self.eos_id is not None and not req.ignore_eos and self.eos_id not in stop_ids:
-            stop_ids.append(self.eos_id)
+        if not req.ignore_eos:
+            stop_ids += [e for e in self.eos_ids if e not in stop_ids]
         return _Job(prompt, params, budget, max_new, stop_ids, stops, name, drafter)
 
     def _open(self, job: _Job) -> DecodeSession:
@@ -410,7 +410,7 @@ class GenerationServer:
     """The GenerationService on ``bind:port`` (0: a free port), plus health, reflection and metrics."""
 
     def __init__(self, model, tokenizer=None, drafters=None, port: int = 0, bind: str = "127.0.0.1",
-                 limits: ServerLimits = ServerLimits(), model_name: str = "stree", eos_id: Optional[int] = None,
+                 limits: ServerLimits = ServerLimits(), model_name: str = "stree", eos_id: Optional[int | list[int]] = None,
                  metrics_port: Optional[int] = None):
         self.drafters = drafters or EmbeddedDrafters(NO_DRAFTER)
         self.metrics = ServerMetrics(model_name)
