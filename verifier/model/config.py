@@ -82,6 +82,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     norm_epsilon: float = 1e-5
     mlp_multiple: int = 128
+    layer_mixers: dict = field(default_factory=dict)  # layer index -> per-token mixer spec (token_mixers.py)
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple", "mlp_multiple"):
@@ -94,6 +95,10 @@ class ModelConfig:
         if layer != "Mamba2":
             raise ValueError(f"config: ssm_cfg.layer {layer!r} is not supported (only 'Mamba2')")
         self.attn_layer_idx = [int(i) for i in (self.attn_layer_idx or [])]
+        self.layer_mixers = {int(k): dict(v) for k, v in (self.layer_mixers or {}).items()}
+        for i in self.layer_mixers:
+            if not 0 <= i < self.n_layer or i in self.attn_layer_idx:
+                raise ValueError(f"config: layer_mixers index {i} is outside 0..{self.n_layer - 1} or an attention layer")
         for i in self.attn_layer_idx:
             if not 0 <= i < self.n_layer:
                 raise ValueError(f"config: attn_layer_idx {i} is outside 0..{self.n_layer - 1}")
@@ -160,6 +165,12 @@ class ModelConfig:
     def is_attention(self, layer: int) -> bool:
         return layer in self.attn_layer_idx
 
+    def layer_kind(self, layer: int) -> str:
+        """'attn', 'token' (a per-token MLP/MoE in the mixer slot) or 'mamba'."""
+        if layer in self.attn_layer_idx:
+            return "attn"
+        return "token" if layer in self.layer_mixers else "mamba"
+
     # ----- (de)serialisation ----------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
@@ -217,6 +228,8 @@ class ModelConfig:
         out = asdict(self)
         if out["mlp_multiple"] == 128:  # mamba_ssm's own rounding: keep its config format unchanged
             out.pop("mlp_multiple")
+        if not out["layer_mixers"]:
+            out.pop("layer_mixers")
         ssm = dict(out["ssm_cfg"])
         if "dt_limit" in ssm:
             ssm["dt_limit"] = [x if math.isfinite(x) else 1e30 for x in map(float, ssm["dt_limit"])]

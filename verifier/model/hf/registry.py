@@ -1,13 +1,14 @@
-"""Which checkpoint formats load: mamba_ssm's own, HF Mamba2, HF Bamba; every other HF class is refused by name."""
+"""Which checkpoint formats load: mamba_ssm's own, HF Mamba2 and the HF hybrids in FAMILIES; other classes are refused by name."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.hf import bamba
+from stree.verifier.model.hf import bamba, nemotron_h
 
-SUPPORTED_CLASSES = {"mamba2": "Mamba2ForCausalLM", bamba.MODEL_TYPE: bamba.CLASS_NAME}
+FAMILIES = {bamba.MODEL_TYPE: bamba, nemotron_h.MODEL_TYPE: nemotron_h}
+SUPPORTED_CLASSES = {"mamba2": "Mamba2ForCausalLM", **{t: f.CLASS_NAME for t, f in FAMILIES.items()}}
 
 
 def _mamba2_weights(sd: dict) -> dict:
@@ -35,8 +36,8 @@ def resolve(data: dict) -> tuple[ModelConfig, Callable[[dict], dict]]:
             f"config: {cls} is not supported; supported classes: {', '.join(SUPPORTED_CLASSES.values())}"
         )
     try:
-        if model_type == bamba.MODEL_TYPE:
-            return bamba.config(data), bamba.weights
+        if model_type in FAMILIES:
+            return FAMILIES[model_type].config(data), FAMILIES[model_type].weights
         return ModelConfig.from_hf_dict(data), _mamba2_weights
     except KeyError as exc:
         raise ValueError(f"config: {SUPPORTED_CLASSES[model_type]} config is missing {exc}") from exc

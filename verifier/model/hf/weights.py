@@ -45,3 +45,13 @@ def layer_indices(sd: dict, prefix: str) -> list[int]:
     """Sorted layer numbers that appear as ``{prefix}.{i}.`` in the weight names."""
     pat = re.compile(re.escape(prefix) + r"\.(\d+)\.")
     return sorted({int(m.group(1)) for k in sd if (m := pat.match(k))})
+
+
+def stack_experts(sd: dict, src: str, projections: tuple[str, ...] = ("up_proj", "down_proj")) -> None:
+    """Per-expert ``{src}.{e}.{proj}.weight`` tensors (as saved on disk) -> one ``[E, out, in]`` ``{src}.{proj}``."""
+    for proj in projections:
+        names = []
+        while f"{src}.{len(names)}.{proj}.weight" in sd:
+            names.append(f"{src}.{len(names)}.{proj}.weight")
+        if names:
+            sd[f"{src}.{proj}"] = torch.stack([sd.pop(n) for n in names])
