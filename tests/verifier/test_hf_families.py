@@ -44,8 +44,26 @@ def _nemotron_h(**over):
     return hf
 
 
-BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h}
-DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"])}
+def _granite(**over):
+    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=24, shared_intermediate_size=20, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, layer_types=["mamba", "attention", "mamba"],
+              mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=16, num_local_experts=4,
+              num_experts_per_tok=2, position_embedding_type="rope", embedding_multiplier=3.0,
+              residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5, rms_norm_eps=1e-2)
+    kw.update(over)
+    torch.manual_seed(0)
+    hf = transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(**kw)).eval()
+    perturb_(hf)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "experts" in name or "router" in name:
+                p.normal_(0, 0.2)
+    return hf
+
+
+BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite}
+DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"]),
+          "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"])}
 
 
 @pytest.fixture(params=sorted(BUILDERS))

@@ -83,6 +83,10 @@ class ModelConfig:
     norm_epsilon: float = 1e-5
     mlp_multiple: int = 128
     layer_mixers: dict = field(default_factory=dict)  # layer index -> per-token mixer spec (token_mixers.py)
+    moe_mlp: dict = field(default_factory=dict)  # non-empty: every block's MLP is a SoftmaxMoEMLP of this spec
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0  # scales each mixer / MLP output before the residual add
+    logits_scaling: float = 1.0  # logits are divided by this
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple", "mlp_multiple"):
@@ -228,8 +232,10 @@ class ModelConfig:
         out = asdict(self)
         if out["mlp_multiple"] == 128:  # mamba_ssm's own rounding: keep its config format unchanged
             out.pop("mlp_multiple")
-        if not out["layer_mixers"]:
-            out.pop("layer_mixers")
+        for key, default in (("layer_mixers", {}), ("moe_mlp", {}), ("embedding_multiplier", 1.0),
+                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0)):
+            if out[key] == default:  # HF-family options stay out of mamba_ssm-format configs
+                out.pop(key)
         ssm = dict(out["ssm_cfg"])
         if "dt_limit" in ssm:
             ssm["dt_limit"] = [x if math.isfinite(x) else 1e30 for x in map(float, ssm["dt_limit"])]

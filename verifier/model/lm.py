@@ -21,7 +21,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 from stree.verifier.model.attention import AttnLayerState, Attention
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaLayerState
-from stree.verifier.model.token_mixers import NoLayerState, token_mixer
+from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
 
 
 def _norm(config: ModelConfig, dim: int) -> nn.Module:
@@ -55,12 +55,16 @@ class Block(nn.Module):
             self.mixer = token_mixer(config.d_model, config.layer_mixers[layer_idx])
         else:
             self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
-        if config.d_intermediate > 0:
+        if config.moe_mlp:
+            self.norm2 = _norm(config, config.d_model)
+            self.mlp = SoftmaxMoEMLP(config.d_model, config.moe_mlp)
+        elif config.d_intermediate > 0:
             self.norm2 = _norm(config, config.d_model)
             self.mlp = GatedMLP(config.d_model, config.mlp_hidden)
         else:
             self.mlp = None
         self.residual_in_fp32 = config.residual_in_fp32
+        self.residual_multiplier = config.residual_multiplier
 
     def _add_norm(self, norm: nn.Module, hidden, residual):
         """Residual add + norm; RMSNorm goes through the fused op (one kernel on the GPU)."""
@@ -74,11 +78,14 @@ class Block(nn.Module):
     def run(self, hidden, residual, mix):
         """``mix(normed)`` is the mixer call for the current mode."""
         normed, residual = self._add_norm(self.norm, hidden, residual)
-        hidden = mix(normed)
+        hidden = self._scaled(mix(normed))
         if self.mlp is None:
             return hidden, residual
         normed, residual = self._add_norm(self.norm2, hidden, residual)
-        return self.mlp(normed), residual
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, out):
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class Backbone(nn.Module):
@@ -190,12 +197,16 @@ class StreeLM(nn.Module):
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
         h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
         if head is not None:
-            return head.logits(h, self.config.vocab_size)
+            logits = head.logits(h, self.config.vocab_size)
+            return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
         # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.
-        return self.lm_head(h)[..., : self.config.vocab_size].float()
+        logits = self.lm_head(h)[..., : self.config.vocab_size].float()
+        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
 
     def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None) -> torch.Tensor:
         hidden, residual = self.backbone.embedding(input_ids), None
+        if self.config.embedding_multiplier != 1.0:
+            hidden = hidden * self.config.embedding_multiplier
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix)
         return self._logits(hidden, residual, head)

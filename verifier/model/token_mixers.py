@@ -108,3 +108,36 @@ def token_mixer(d_model: int, spec: dict) -> nn.Module:
     if kind == "moe":
         return MoE(d_model, spec)
     raise ValueError(f"config: layer_mixers kind {kind!r} is not 'mlp' or 'moe'")
+
+
+class SoftmaxMoEMLP(nn.Module):
+    """Softmax-over-top-k routed gated experts plus a shared gated MLP (GraniteMoeHybrid's MLP slot).
+
+    Expert and shared weights keep [gate; up] halves, as the checkpoint stores them.
+    """
+
+    def __init__(self, d_model: int, spec: dict):
+        super().__init__()
+        n, hidden = spec["n_experts"], spec["hidden"]
+        self.top_k = spec["top_k"]
+        self.router = nn.Linear(d_model, n, bias=False)
+        self.gate_up_proj = nn.Parameter(torch.zeros(n, 2 * hidden, d_model))
+        self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
+        self.shared_in = nn.Linear(d_model, 2 * spec["shared_hidden"], bias=False)
+        self.shared_out = nn.Linear(spec["shared_hidden"], d_model, bias=False)
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x).float()
+        top, idx = logits.topk(self.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        gate, up = torch.einsum("td,eid->tei", x, self.gate_up_proj).chunk(2, dim=-1)
+        out = torch.einsum("tei,edi->ted", F.silu(gate) * up, self.down_proj)  # every expert: shape-static
+        chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))
+        return (chosen.float() * weights[..., None]).sum(1).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.shared_in(x).chunk(2, dim=-1)
+        shared = self.shared_out(F.silu(gate) * up)
+        if self.gate_up_proj.shape[0] == 0:
+            return shared
+        return self._routed(x.reshape(-1, x.shape[-1])).reshape(x.shape) + shared

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.hf import bamba, nemotron_h
+from stree.verifier.model.hf import bamba, granitemoehybrid, nemotron_h
 
-FAMILIES = {bamba.MODEL_TYPE: bamba, nemotron_h.MODEL_TYPE: nemotron_h}
+FAMILIES = {f.MODEL_TYPE: f for f in (bamba, nemotron_h, granitemoehybrid)}
 SUPPORTED_CLASSES = {"mamba2": "Mamba2ForCausalLM", **{t: f.CLASS_NAME for t, f in FAMILIES.items()}}
 
 
