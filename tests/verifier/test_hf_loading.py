@@ -120,3 +120,33 @@ def test_tokenizer_config_special_tokens_chat_template_and_tokenizer_dir(tmp_pat
     assert settings.render_chat([{"role": "user", "content": "hi"}]) == "user: hi!"
     with pytest.raises(FileNotFoundError, match="tokenizer directory"):
         load_generation_settings(model_dir, tokenizer_dir=tmp_path / "nowhere")
+
+
+def _config_dict(cls_name: str, **kw) -> dict:
+    return getattr(transformers, cls_name)(**kw).to_dict()
+
+
+@pytest.mark.parametrize("cls_name,kw,edit,message", [
+    ("NemotronHConfig", {}, {"mlp_hidden_act": "gelu"}, "mlp_hidden_act='gelu'"),
+    ("NemotronHConfig", {}, {"mamba_hidden_act": "relu"}, "mamba_hidden_act='relu'"),
+    ("NemotronHConfig", {}, {"moe_latent_size": 16}, "moe_latent_size=16"),
+    ("GraniteMoeHybridConfig", {}, {"position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
+    ("GraniteMoeHybridConfig", {}, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("BambaConfig", {}, {"mamba_d_head": 7}, "mamba_n_heads\\*mamba_d_head"),
+    ("FalconH1Config", {}, {"architectures": ["FalconH1ForCausalLM"]}, "FalconH1ForCausalLM is not supported"),
+    ("Zamba2Config", {}, {"architectures": ["Zamba2ForCausalLM"]}, "Zamba2ForCausalLM is not supported"),
+    ("JambaConfig", {}, {"architectures": ["JambaForCausalLM"]}, "JambaForCausalLM is not supported"),
+])
+def test_each_family_refuses_what_it_cannot_compute(cls_name, kw, edit, message):
+    from stree.verifier.model.hf.registry import resolve
+
+    data = {**_config_dict(cls_name, **kw), **edit}
+    with pytest.raises(ValueError, match=message):
+        resolve(json.loads(json.dumps(data, default=float)))
+
+
+def test_granite_without_experts_runs_the_shared_mlp_alone(tmp_path):
+    from hf_helpers import BUILDERS, check_scores
+
+    hf = BUILDERS["granitemoehybrid"](num_local_experts=0, num_hidden_layers=2, layer_types=["mamba", "attention"])
+    check_scores(load_model(save_tiny(hf, tmp_path)), hf, V)

@@ -64,7 +64,10 @@ class GenerationSettings:
         """The prompt text the folder's chat template makes of ``messages`` (role/content dicts)."""
         if not self.chat_template:
             raise ValueError(f"{TOKENIZER_CONFIG_FILE} has no chat_template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as exc:
+            raise ValueError("rendering a chat template needs jinja2 (the 'chat' extra)") from exc
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return env.from_string(self.chat_template).render(

@@ -120,9 +120,11 @@ class SoftmaxMoEMLP(nn.Module):
         super().__init__()
         n, hidden = spec["n_experts"], spec["hidden"]
         self.top_k = spec["top_k"]
-        self.router = nn.Linear(d_model, n, bias=False)
-        self.gate_up_proj = nn.Parameter(torch.zeros(n, 2 * hidden, d_model))
-        self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
+        self.routed = n > 0  # no experts: the shared MLP alone (GraniteMoeHybrid with num_local_experts=0)
+        if self.routed:
+            self.router = nn.Linear(d_model, n, bias=False)
+            self.gate_up_proj = nn.Parameter(torch.zeros(n, 2 * hidden, d_model))
+            self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
         self.shared_in = nn.Linear(d_model, 2 * spec["shared_hidden"], bias=False)
         self.shared_out = nn.Linear(spec["shared_hidden"], d_model, bias=False)
 
@@ -138,6 +140,6 @@ class SoftmaxMoEMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.shared_in(x).chunk(2, dim=-1)
         shared = self.shared_out(F.silu(gate) * up)
-        if self.gate_up_proj.shape[0] == 0:
+        if not self.routed:
             return shared
         return self._routed(x.reshape(-1, x.shape[-1])).reshape(x.shape) + shared
