@@ -59,6 +59,7 @@ def config(data: dict) -> ModelConfig:
             "rotary_emb_base": base,
         },
         rms_norm=True,
+        residual_in_fp32=False,  # transformers keeps Bamba's residual stream in the model dtype
         pad_vocab_size_multiple=1,
         tie_embeddings=bool(data.get("tie_word_embeddings", False)),
         norm_epsilon=eps,
