@@ -12,7 +12,7 @@ from stree.protocols.drafter import DraftBudget
 from stree.verifier.model.checkpoint import load_model
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
-from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
+from stree.verifier.model.generation_settings import load_generation_settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,7 +32,8 @@ def prompt_ids_from_args(args, tokenizer) -> list[int]:
     if args.prompt_ids is not None:
         return parse_prompt_ids(args.prompt_ids)
     if tokenizer is None:
-        raise ValueError(f"{args.model_dir} has no tokenizer.json: pass --prompt-ids instead of --prompt")
+        where = args.tokenizer or args.model_dir
+        raise ValueError(f"{where} has no tokenizer.json: pass --prompt-ids instead of --prompt")
     ids = tokenizer.encode(args.prompt).ids
     if not ids:
         raise ValueError("--prompt encodes to no tokens")
@@ -44,7 +45,8 @@ def run(args) -> int:
     dtype = DTYPES[args.dtype]
     model = load_model(args.model_dir, device=device, dtype=dtype)
     draft = load_model(args.draft_model, device=device, dtype=dtype) if args.draft_model else None
-    tokenizer = load_tokenizer(args.model_dir)
+    settings = load_generation_settings(args.model_dir, args.tokenizer)
+    tokenizer = settings.tokenizer
     prompt = prompt_ids_from_args(args, tokenizer)
     drafter = args.drafter or ("static-tree" if draft is not None else "none")
     budget = DraftBudget(
@@ -52,13 +54,12 @@ def run(args) -> int:
         max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
         max_width=args.max_width or DEFAULT_BUDGET.max_width,
     )
-    eos = eos_token_id(tokenizer)
     for i in range(args.num_samples):
         seed = None if args.seed is None else args.seed + i
         result = generate(
             model, prompt, drafter=drafter, draft_model=draft, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
-            stop_token_ids=[eos] if (eos is not None and not args.ignore_eos) else (),
+            stop_token_ids=() if args.ignore_eos else settings.eos_token_ids,
             tokenizer=tokenizer, cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths, datastore=args.datastore,
         )
         if args.json:
@@ -95,7 +96,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-nodes", type=int, default=None, help="draft budget: nodes per tree")
     p.add_argument("--max-depth", type=int, default=None, help="draft budget: tree depth")
     p.add_argument("--max-width", type=int, default=None, help="draft budget: children per node")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the tokenizer's end token")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end tokens")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")

@@ -22,11 +22,12 @@ def build_server(args):
     """A ``GenerationServer`` from parsed arguments (loads the model; does not start it)."""
     from stree.verifier.model.checkpoint import load_model
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
-    from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
+    from stree.verifier.model.generation_settings import load_generation_settings
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(args.model_dir, device=device, dtype=DTYPES[args.dtype])
-    tokenizer = load_tokenizer(args.model_dir)
+    settings = load_generation_settings(args.model_dir, args.tokenizer)
+    tokenizer = settings.tokenizer
     budget = DraftBudget(
         max_nodes=args.max_nodes or DEFAULT_BUDGET.max_nodes,
         max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
@@ -54,7 +55,7 @@ def build_server(args):
     tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
     return GenerationServer(
         model, tokenizer, drafters, port=args.port, bind=args.host, limits=limits,
-        model_name=args.served_model_name or Path(args.model_dir).name, eos_id=eos_token_id(tokenizer),
+        model_name=args.served_model_name or Path(args.model_dir).name, eos_id=settings.eos_token_ids,
         metrics_port=args.metrics_port, tls=tls, http_port=args.http_port, model_dir=args.model_dir,
         api_key=args.api_key or os.environ.get("STREE_API_KEY"),
     )
@@ -81,6 +82,8 @@ def add_parser(sub) -> None:
                                    "--http-port, an OpenAI-compatible HTTP API, on one continuously batched engine.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     p.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port (off unless given)")
     p.add_argument("--host", "--bind", dest="host", default="127.0.0.1",

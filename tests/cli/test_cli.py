@@ -78,3 +78,18 @@ def test_argparse_level_errors(cli_models, tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     proc = _run("init-model", str(tmp_path / "x"), "--arch", "transformer")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_generate_reads_tokenizer_dir_and_generation_config_eos(cli_models, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(cli_models / "target", model)
+    (model / "tokenizer.json").unlink()
+    base = ["generate", str(model), "--prompt", "def f", "--max-new-tokens", "6", "--json",
+            "--tokenizer", str(cli_models / "target")]
+    assert main(base + ["--ignore-eos"]) == 0
+    free = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"]
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [free[1]]}))
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"] == free[: free.index(free[1]) + 1]

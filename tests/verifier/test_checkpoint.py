@@ -81,7 +81,7 @@ def test_missing_and_unreadable_files_name_the_file(tmp_path):
         load_model(d)
     d = _ckpt(tmp_path, "w")
     (d / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
+    with pytest.raises(FileNotFoundError, match="no model.safetensors, model.safetensors.index.json or pytorch_model.bin"):
         load_model(d)
     d = _ckpt(tmp_path, "c")
     data = (d / "model.safetensors").read_bytes()

@@ -10,19 +10,23 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.hf.registry import resolve
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import TOKENIZER_FILE, make_tokenizer
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 TORCH_BIN_FILE = "pytorch_model.bin"
 
 
-def _read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
+def _read_config(model_dir: Path) -> tuple[ModelConfig, Callable[[dict], dict], dict]:
+    """``(config, weight renamer, raw config.json)``; errors name the file."""
     path = model_dir / CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: no config.json in the checkpoint directory")
@@ -30,22 +34,19 @@ def _read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    is_hf = "d_model" not in data and "hidden_size" in data
     try:
-        return ModelConfig.from_dict(data), is_hf
+        config, renamer = resolve(data)
+        return config, renamer, data
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
 
 
 def _read_weights(model_dir: Path) -> tuple[dict, Path]:
-    st, pt = model_dir / SAFETENSORS_FILE, model_dir / TORCH_BIN_FILE
+    st, pt, index = model_dir / SAFETENSORS_FILE, model_dir / TORCH_BIN_FILE, model_dir / SAFETENSORS_INDEX_FILE
     if st.exists():
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(st)), st
-        except Exception as exc:
-            raise ValueError(f"{st}: cannot read safetensors weights ({exc})") from exc
+        return _load_safetensors(st), st
+    if index.exists():
+        return _read_sharded(index), index
     if pt.exists():
         try:
             sd = torch.load(str(pt), map_location="cpu", weights_only=True)
@@ -54,22 +55,67 @@ def _read_weights(model_dir: Path) -> tuple[dict, Path]:
         if not isinstance(sd, dict):
             raise ValueError(f"{pt}: expected a state dict, got {type(sd).__name__}")
         return sd, pt
-    raise FileNotFoundError(f"{model_dir}: no {SAFETENSORS_FILE} or {TORCH_BIN_FILE}")
+    raise FileNotFoundError(f"{model_dir}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} or {TORCH_BIN_FILE}")
 
 
-def _hf_to_mamba_ssm_names(sd: dict) -> dict:
-    return {k.replace("backbone.embeddings.", "backbone.embedding."): v for k, v in sd.items()}
+def _load_safetensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:
+        raise ValueError(f"{path}: cannot read safetensors weights ({exc})") from exc
 
 
-def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32) -> StreeLM:
-    """Load a checkpoint directory (mamba_ssm format or HF ``Mamba2ForCausalLM``) as a ``StreeLM``."""
+def _read_sharded(index: Path) -> dict:
+    """Every shard named by ``model.safetensors.index.json``; each tensor must sit in the shard it names."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{index}: not a safetensors index with a weight_map ({exc})") from exc
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: weight_map must be a non-empty object")
+    sd: dict = {}
+    for shard in sorted(set(weight_map.values())):
+        path = index.parent / shard
+        if not path.exists():
+            raise FileNotFoundError(f"{index}: shard {shard} is missing")
+        part = _load_safetensors(path)
+        wrong = [k for k in part if weight_map.get(k) != shard]
+        if wrong:
+            raise ValueError(f"{path}: tensors not listed for this shard in {index.name} (e.g. {wrong[:3]})")
+        sd.update(part)
+    absent = sorted(set(weight_map) - set(sd))
+    if absent:
+        raise ValueError(f"{index}: tensors listed but absent from their shards (e.g. {absent[:3]})")
+    return sd
+
+
+def config_dtype(data: dict) -> torch.dtype:
+    """The checkpoint's ``torch_dtype`` (or ``dtype``) as a torch dtype; float32 when absent."""
+    name = data.get("torch_dtype", data.get("dtype")) or "float32"
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"config: torch_dtype {name!r} is not supported (one of {sorted(dtypes)})")
+    return dtypes[name]
+
+
+def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None) -> StreeLM:
+    """Load a checkpoint directory (mamba_ssm format or a supported HF class) as a ``StreeLM``.
+
+    ``dtype`` None keeps the checkpoint's ``torch_dtype`` (float32 when it names none).
+    """
     model_dir = Path(path)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: checkpoint directory does not exist")
-    config, is_hf = _read_config(model_dir)
+    config, renamer, data = _read_config(model_dir)
+    if dtype is None:
+        try:
+            dtype = config_dtype(data)
+        except ValueError as exc:
+            raise ValueError(f"{model_dir / CONFIG_FILE}: {exc}") from exc
     sd, wfile = _read_weights(model_dir)
-    if is_hf:
-        sd = _hf_to_mamba_ssm_names(sd)
+    sd = renamer(sd)
     with torch.device("meta"):
         model = StreeLM(config)
     expected = model.state_dict()

@@ -25,6 +25,7 @@ SSM_DEFAULTS: dict[str, Any] = {
     "bias": False,
     "conv_bias": True,
     "chunk_size": 256,
+    "norm_eps": 1e-5,
 }
 
 ATTN_DEFAULTS: dict[str, Any] = {
@@ -56,6 +57,13 @@ def _json_float(value) -> float:
     return float(value)
 
 
+def require_silu(data: dict, key: str) -> None:
+    """Refuse a Hugging Face activation other than SiLU (the conv and gate activation implemented here)."""
+    act = data.get(key, "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"config: {key}={act!r} is not supported (only 'silu')")
+
+
 @dataclass
 class ModelConfig:
     """mamba_ssm ``MambaConfig`` (Mamba2 mixers, optional attention layers and gated MLPs)."""
@@ -73,9 +81,15 @@ class ModelConfig:
     pad_vocab_size_multiple: int = 8
     tie_embeddings: bool = True
     norm_epsilon: float = 1e-5
+    mlp_multiple: int = 128
+    layer_mixers: dict = field(default_factory=dict)  # layer index -> per-token mixer spec (token_mixers.py)
+    moe_mlp: dict = field(default_factory=dict)  # non-empty: every block's MLP is a SoftmaxMoEMLP of this spec
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0  # scales each mixer / MLP output before the residual add
+    logits_scaling: float = 1.0  # logits are divided by this
 
     def __post_init__(self):
-        for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple"):
+        for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple", "mlp_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"config: {name} must be a positive integer, got {value!r}")
@@ -85,6 +99,10 @@ class ModelConfig:
         if layer != "Mamba2":
             raise ValueError(f"config: ssm_cfg.layer {layer!r} is not supported (only 'Mamba2')")
         self.attn_layer_idx = [int(i) for i in (self.attn_layer_idx or [])]
+        self.layer_mixers = {int(k): dict(v) for k, v in (self.layer_mixers or {}).items()}
+        for i in self.layer_mixers:
+            if not 0 <= i < self.n_layer or i in self.attn_layer_idx:
+                raise ValueError(f"config: layer_mixers index {i} is outside 0..{self.n_layer - 1} or an attention layer")
         for i in self.attn_layer_idx:
             if not 0 <= i < self.n_layer:
                 raise ValueError(f"config: attn_layer_idx {i} is outside 0..{self.n_layer - 1}")
@@ -145,10 +163,17 @@ class ModelConfig:
     @property
     def mlp_hidden(self) -> int:
         """GatedMLP width as mamba_ssm rounds it (multiple of 128)."""
-        return (self.d_intermediate + 127) // 128 * 128
+        m = self.mlp_multiple
+        return (self.d_intermediate + m - 1) // m * m
 
     def is_attention(self, layer: int) -> bool:
         return layer in self.attn_layer_idx
+
+    def layer_kind(self, layer: int) -> str:
+        """'attn', 'token' (a per-token MLP/MoE in the mixer slot) or 'mamba'."""
+        if layer in self.attn_layer_idx:
+            return "attn"
+        return "token" if layer in self.layer_mixers else "mamba"
 
     # ----- (de)serialisation ----------------------------------------------------------------
     @classmethod
@@ -169,6 +194,7 @@ class ModelConfig:
         model_type = data.get("model_type", "mamba2")
         if model_type != "mamba2":
             raise ValueError(f"config: Hugging Face model_type {model_type!r} is not supported (only 'mamba2')")
+        require_silu(data, "hidden_act")
         try:
             d_model = int(data["hidden_size"])
             expand = int(data.get("expand", 2))
@@ -183,6 +209,7 @@ class ModelConfig:
                 "conv_bias": bool(data.get("use_conv_bias", True)),
                 "dt_limit": [_json_float(x) for x in data.get("time_step_limit", [0.0, math.inf])],
                 "chunk_size": int(data.get("chunk_size", 256)),
+                "norm_eps": float(data.get("layer_norm_epsilon", 1e-5)),
             }
             num_heads = data.get("num_heads")
             if num_heads is not None and int(num_heads) * head_dim != expand * d_model:
@@ -203,6 +230,12 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        if out["mlp_multiple"] == 128:  # mamba_ssm's own rounding: keep its config format unchanged
+            out.pop("mlp_multiple")
+        for key, default in (("layer_mixers", {}), ("moe_mlp", {}), ("embedding_multiplier", 1.0),
+                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0)):
+            if out[key] == default:  # HF-family options stay out of mamba_ssm-format configs
+                out.pop(key)
         ssm = dict(out["ssm_cfg"])
         if "dt_limit" in ssm:
             ssm["dt_limit"] = [x if math.isfinite(x) else 1e30 for x in map(float, ssm["dt_limit"])]

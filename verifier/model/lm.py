@@ -21,6 +21,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 from stree.verifier.model.attention import AttnLayerState, Attention
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaLayerState
+from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
 
 
 def _norm(config: ModelConfig, dim: int) -> nn.Module:
@@ -43,19 +44,27 @@ class GatedMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: mixer (Mamba2 or attention), then an optional gated MLP."""
+    """Pre-norm residual block: mixer (Mamba2, attention or a per-token MLP/MoE), then an optional gated MLP."""
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
-        self.is_attention = config.is_attention(layer_idx)
+        self.kind = config.layer_kind(layer_idx)
+        self.is_attention = self.kind == "attn"
         self.norm = _norm(config, config.d_model)
-        self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
-        if config.d_intermediate > 0:
+        if self.kind == "token":
+            self.mixer = token_mixer(config.d_model, config.layer_mixers[layer_idx])
+        else:
+            self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
+        if config.moe_mlp:
+            self.norm2 = _norm(config, config.d_model)
+            self.mlp = SoftmaxMoEMLP(config.d_model, config.moe_mlp)
+        elif config.d_intermediate > 0:
             self.norm2 = _norm(config, config.d_model)
             self.mlp = GatedMLP(config.d_model, config.mlp_hidden)
         else:
             self.mlp = None
         self.residual_in_fp32 = config.residual_in_fp32
+        self.residual_multiplier = config.residual_multiplier
 
     def _add_norm(self, norm: nn.Module, hidden, residual):
         """Residual add + norm; RMSNorm goes through the fused op (one kernel on the GPU)."""
@@ -69,11 +78,14 @@ class Block(nn.Module):
     def run(self, hidden, residual, mix):
         """``mix(normed)`` is the mixer call for the current mode."""
         normed, residual = self._add_norm(self.norm, hidden, residual)
-        hidden = mix(normed)
+        hidden = self._scaled(mix(normed))
         if self.mlp is None:
             return hidden, residual
         normed, residual = self._add_norm(self.norm2, hidden, residual)
-        return self.mlp(normed), residual
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, out):
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class Backbone(nn.Module):
@@ -95,6 +107,8 @@ class LMState:
 
     def clone(self) -> "LMState":
         def c(s):
+            if isinstance(s, NoLayerState):
+                return s
             if isinstance(s, MambaLayerState):
                 return MambaLayerState(s.conv_state.clone(), s.ssm_state.clone())
             return AttnLayerState(s.k_cache.clone(), s.v_cache.clone())
@@ -104,6 +118,8 @@ class LMState:
     def select(self, index: torch.Tensor) -> "LMState":
         """A new state made of the rows ``index`` (rows may repeat, e.g. to fan out a beam)."""
         def s_(s):
+            if isinstance(s, NoLayerState):
+                return s
             if isinstance(s, MambaLayerState):
                 return MambaLayerState(s.conv_state[index].clone(), s.ssm_state[index].clone())
             return AttnLayerState(s.k_cache[index].clone(), s.v_cache[index].clone())
@@ -181,12 +197,16 @@ class StreeLM(nn.Module):
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
         h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
         if head is not None:
-            return head.logits(h, self.config.vocab_size)
+            logits = head.logits(h, self.config.vocab_size)
+            return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
         # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.
-        return self.lm_head(h)[..., : self.config.vocab_size].float()
+        logits = self.lm_head(h)[..., : self.config.vocab_size].float()
+        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
 
     def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None) -> torch.Tensor:
         hidden, residual = self.backbone.embedding(input_ids), None
+        if self.config.embedding_multiplier != 1.0:
+            hidden = hidden * self.config.embedding_multiplier
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix)
         return self._logits(hidden, residual, head)
@@ -207,7 +227,8 @@ class StreeLM(nn.Module):
     def new_state(self, batch_size: int, max_seqlen: int) -> LMState:
         dev, dt = self.device, self.dtype
         layers = [
-            b.mixer.new_state(batch_size, max_seqlen, dev, dt) if b.is_attention
+            NoLayerState() if b.kind == "token"
+            else b.mixer.new_state(batch_size, max_seqlen, dev, dt) if b.is_attention
             else b.mixer.new_state(batch_size, dev, dt)
             for b in self.backbone.layers
         ]
@@ -225,7 +246,8 @@ class StreeLM(nn.Module):
         self._check_ids(input_ids)
         seqlen = state.seqlen
         mixes = [
-            (lambda h, b=b, s=s: b.mixer.prefill(h, s, seqlen)) if b.is_attention
+            b.mixer if b.kind == "token"
+            else (lambda h, b=b, s=s: b.mixer.prefill(h, s, seqlen)) if b.is_attention
             else (lambda h, b=b, s=s: b.mixer.prefill(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
@@ -238,7 +260,8 @@ class StreeLM(nn.Module):
         """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``)."""
         seqlen = state.seqlen
         mixes = [
-            (lambda h, b=b, s=s: b.mixer.step(h, s, seqlen)) if b.is_attention
+            b.mixer if b.kind == "token"
+            else (lambda h, b=b, s=s: b.mixer.step(h, s, seqlen)) if b.is_attention
             else (lambda h, b=b, s=s: b.mixer.step(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
@@ -270,8 +293,14 @@ class StreeLM(nn.Module):
             acts.append(None)
             return b.mixer.tree(h, s, seqlen, depth, anc)
 
+        def token_mix(h, b):
+            acts.append(None)
+            return b.mixer(h)
+
         mixes = [
-            (lambda h, b=b, s=s: attn_mix(h, b, s)) if b.is_attention else (lambda h, b=b, s=s: mamba_mix(h, b, s))
+            (lambda h, b=b: token_mix(h, b)) if b.kind == "token"
+            else (lambda h, b=b, s=s: attn_mix(h, b, s)) if b.is_attention
+            else (lambda h, b=b, s=s: mamba_mix(h, b, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
         logits = self._run(trees.tokens, mixes)
@@ -287,7 +316,7 @@ class StreeLM(nn.Module):
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
             if block.is_attention:
                 block.mixer.commit(s, state.seqlen, path, path_len)
-            else:
+            elif block.kind == "mamba":
                 block.mixer.commit(s, a, path, path_len)
         state.seqlen += path_len
 

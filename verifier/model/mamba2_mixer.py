@@ -73,7 +73,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.d_ssm if cfg["D_has_hdim"] else self.nheads))
         self.D_has_hdim = cfg["D_has_hdim"]
         if self.rmsnorm:
-            self.norm = GatedRMSNorm(self.d_ssm, self.d_ssm // self.ngroups, 1e-5, cfg["norm_before_gate"])
+            self.norm = GatedRMSNorm(self.d_ssm, self.d_ssm // self.ngroups, cfg["norm_eps"], cfg["norm_before_gate"])
         self.out_proj = nn.Linear(cfg["d_inner"], self.d_model, bias=cfg["bias"])
 
     # ----- shared pieces ------------------------------------------------------------------

@@ -97,13 +97,14 @@ class ServingCore:
     """The model, its tokenizer, the drafters, one Engine stepped by one Scheduler, and the metrics."""
 
     def __init__(self, model, tokenizer, drafters, limits: ServerLimits, metrics: ServerMetrics,
-                 eos_id: Optional[int] = None, cuda_graphs: Optional[bool] = None):
+                 eos_id=None, cuda_graphs: Optional[bool] = None):
         self.model = model
         self.tokenizer = tokenizer
         self.drafters = drafters
         self.limits = limits
         self.metrics = metrics
-        self.eos_id = eos_id
+        # one EOS id or several (generation_config.json may list many)
+        self.eos_ids = [] if eos_id is None else ([int(eos_id)] if isinstance(eos_id, int) else [int(e) for e in eos_id])
         self.engine, self.device_drafter_name = self._engine(cuda_graphs)
         self.scheduler = Scheduler(self.engine, limits.max_waiting)
         self.executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="stree-prepare")
@@ -166,8 +167,8 @@ class ServingCore:
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from exc
         stop_ids = list(spec.stop_ids)
-        if self.eos_id is not None and not spec.ignore_eos and self.eos_id not in stop_ids:
-            stop_ids.append(self.eos_id)
+        if not spec.ignore_eos:
+            stop_ids += [e for e in self.eos_ids if e not in stop_ids]
         return Job(spec, prompt, max_new, stop_ids, name, drafter)
 
     def _open(self, job: Job):

@@ -107,7 +107,7 @@ class GenerationServer:
     """
 
     def __init__(self, model, tokenizer=None, drafters=None, port: int = 0, bind: str = "127.0.0.1",
-                 limits: ServerLimits = ServerLimits(), model_name: str = "stree", eos_id: Optional[int] = None,
+                 limits: ServerLimits = ServerLimits(), model_name: str = "stree", eos_id=None,
                  metrics_port: Optional[int] = None, tls: Optional[tuple[bytes, bytes]] = None,
                  cuda_graphs: Optional[bool] = None, core: Optional[ServingCore] = None,
                  http_port: Optional[int] = None, model_dir: Optional[str] = None, api_key: Optional[str] = None):

@@ -1,0 +1,152 @@
+"""Loading Hugging Face folders: refused config values, sharded weights, torch_dtype, EOS and tokenizer settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import stree
+from stree.verifier.model.checkpoint import load_model
+from stree.verifier.model.generation_settings import load_generation_settings
+from stree.verifier.model.tokenizer import char_tokenizer
+from hf_helpers import hf_logits, perturb_, save_tiny
+
+transformers = pytest.importorskip("transformers")
+V = 64
+
+
+def _mamba2(**over):
+    kw = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, head_dim=8, num_heads=8,
+              n_groups=2, chunk_size=16, tie_word_embeddings=False, layer_norm_epsilon=1e-2)
+    kw.update(over)
+    torch.manual_seed(0)
+    hf = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**kw)).eval()
+    perturb_(hf)
+    return hf
+
+
+def _edit_config(folder, **fields):
+    path = folder / "config.json"
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+def test_mamba2_mixer_norm_eps_comes_from_the_config(tmp_path):
+    hf = _mamba2()
+    model = load_model(save_tiny(hf, tmp_path))
+    ids = torch.randint(0, V, (9,)).tolist()
+    torch.testing.assert_close(model.score_sequence(ids), hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("model_type", "jamba", "JambaForCausalLM is not supported"),
+    ("torch_dtype", "int8", "torch_dtype 'int8'"),
+])
+def test_refused_values_name_the_field(tmp_path, field, value, message):
+    save_tiny(_mamba2(), tmp_path)
+    extra = {"architectures": ["JambaForCausalLM"]} if field == "model_type" else {}
+    _edit_config(tmp_path, **{field: value}, **extra)
+    if field == "torch_dtype":
+        _edit_config(tmp_path, dtype=value)
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [("mlp_bias", True), ("hidden_act", "relu"),
+                                         ("rope_parameters", {"rope_type": "yarn", "factor": 2.0})])
+def test_bamba_refusals(tmp_path, field, value):
+    cfg = transformers.BambaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=4, mamba_n_heads=4, mamba_d_state=8)
+    transformers.BambaForCausalLM(cfg).save_pretrained(str(tmp_path))
+    _edit_config(tmp_path, **{field: value})
+    with pytest.raises(ValueError, match=field if field != "rope_parameters" else "rope_type='yarn'"):
+        load_model(tmp_path)
+
+
+def test_sharded_checkpoint_matches_unsharded_and_keeps_torch_dtype(tmp_path):
+    hf = _mamba2()
+    whole = load_model(save_tiny(hf, tmp_path / "whole"))
+    sharded = load_model(save_tiny(hf, tmp_path / "sharded", shard="10KB"))
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    ids = torch.randint(0, V, (1, 8))
+    torch.testing.assert_close(sharded(ids), whole(ids), rtol=0, atol=0)
+    hf.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    assert load_model(tmp_path / "bf16").dtype == torch.bfloat16
+    assert load_model(tmp_path / "bf16", dtype=torch.float32).dtype == torch.float32
+
+
+def test_missing_shard_is_named(tmp_path):
+    save_tiny(_mamba2(), tmp_path, shard="10KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    (tmp_path / sorted(set(index["weight_map"].values()))[-1]).unlink()
+    with pytest.raises(FileNotFoundError, match="shard .* is missing"):
+        load_model(tmp_path)
+
+
+def test_generation_config_eos_ids_stop_generation(tmp_path):
+    hf = _mamba2()
+    save_tiny(hf, tmp_path)
+    model = load_model(tmp_path)
+    prompt = [3, 4, 5]
+    free = stree.generate(model, prompt, max_new_tokens=8, cuda_graphs=False).token_ids
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [63, free[2]]}))
+    settings = load_generation_settings(tmp_path)
+    assert settings.eos_token_ids == [63, free[2]]
+    out = stree.generate(model, prompt, max_new_tokens=8, stop_token_ids=settings.eos_token_ids, cuda_graphs=False)
+    assert out.token_ids == free[: free.index(free[2]) + 1]
+
+
+def test_tokenizer_config_special_tokens_chat_template_and_tokenizer_dir(tmp_path):
+    model_dir, tok_dir = tmp_path / "model", tmp_path / "tok"
+    save_tiny(_mamba2(), model_dir)
+    (model_dir / "config.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((model_dir / "config.json").read_text()).items() if k != "eos_token_id"}))
+    (model_dir / "generation_config.json").unlink()
+    tok_dir.mkdir()
+    char_tokenizer(V).save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"content": "!", "special": True}, "bos_token": "#",
+        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}",
+    }))
+    settings = load_generation_settings(model_dir, tokenizer_dir=tok_dir)
+    assert settings.tokenizer is not None
+    assert settings.eos_token_ids == [settings.tokenizer.token_to_id("!")]
+    bos = json.loads((model_dir / "config.json").read_text())["bos_token_id"]
+    assert settings.bos_token_id == bos  # config.json's id wins over tokenizer_config's text
+    assert settings.render_chat([{"role": "user", "content": "hi"}]) == "user: hi!"
+    with pytest.raises(FileNotFoundError, match="tokenizer directory"):
+        load_generation_settings(model_dir, tokenizer_dir=tmp_path / "nowhere")
+
+
+def _config_dict(cls_name: str, **kw) -> dict:
+    return getattr(transformers, cls_name)(**kw).to_dict()
+
+
+@pytest.mark.parametrize("cls_name,kw,edit,message", [
+    ("NemotronHConfig", {}, {"mlp_hidden_act": "gelu"}, "mlp_hidden_act='gelu'"),
+    ("NemotronHConfig", {}, {"mamba_hidden_act": "relu"}, "mamba_hidden_act='relu'"),
+    ("NemotronHConfig", {}, {"moe_latent_size": 16}, "moe_latent_size=16"),
+    ("GraniteMoeHybridConfig", {}, {"position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
+    ("GraniteMoeHybridConfig", {}, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("BambaConfig", {}, {"mamba_d_head": 7}, "mamba_n_heads\\*mamba_d_head"),
+    ("FalconH1Config", {}, {"architectures": ["FalconH1ForCausalLM"]}, "FalconH1ForCausalLM is not supported"),
+    ("Zamba2Config", {}, {"architectures": ["Zamba2ForCausalLM"]}, "Zamba2ForCausalLM is not supported"),
+    ("JambaConfig", {}, {"architectures": ["JambaForCausalLM"]}, "JambaForCausalLM is not supported"),
+])
+def test_each_family_refuses_what_it_cannot_compute(cls_name, kw, edit, message):
+    from stree.verifier.model.hf.registry import resolve
+
+    data = {**_config_dict(cls_name, **kw), **edit}
+    with pytest.raises(ValueError, match=message):
+        resolve(json.loads(json.dumps(data, default=float)))
+
+
+def test_granite_without_experts_runs_the_shared_mlp_alone(tmp_path):
+    from hf_helpers import BUILDERS, check_scores
+
+    hf = BUILDERS["granitemoehybrid"](num_local_experts=0, num_hidden_layers=2, layer_types=["mamba", "attention"])
+    check_scores(load_model(save_tiny(hf, tmp_path)), hf, V)

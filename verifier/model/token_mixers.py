@@ -1,0 +1,145 @@
+"""Per-token mixer layers (a plain MLP or a routed MoE) that take a block's mixer slot, as NemotronH's do.
+
+They hold no recurrent state and need no tree logic: each node is transformed on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class NoLayerState:
+    """The (empty) inference state of a per-token layer; it has no tensors to copy, select or graph."""
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(F.relu(x))
+
+
+ACTIVATIONS = {"relu2": relu2, "silu": F.silu}
+
+
+class TokenMLP(nn.Module):
+    """``down(act(up(x)))`` (no gate), as NemotronH's MLP layers and shared experts."""
+
+    def __init__(self, d_model: int, hidden: int, act: str):
+        super().__init__()
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class Experts(nn.Module):
+    """Ungated expert MLPs stored as ``[E, out, in]`` tensors."""
+
+    def __init__(self, n: int, d_model: int, hidden: int, act: str):
+        super().__init__()
+        self.up_proj = nn.Parameter(torch.zeros(n, hidden, d_model))
+        self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token (shape-static, so it graphs), then the chosen ones mixed by ``weights``."""
+        h = self.act(torch.einsum("td,eid->tei", x, self.up_proj))
+        out = torch.einsum("tei,edi->ted", h, self.down_proj)  # [T, E, d]
+        chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))  # [T, k, d]
+        return (chosen.float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+class SigmoidRouter(nn.Module):
+    """Sigmoid scores plus a correction bias pick the top-k experts (within the top groups); weights from the raw scores."""
+
+    def __init__(self, n: int, d_model: int, top_k: int, n_group: int, topk_group: int, norm_topk: bool,
+                 scale: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n, d_model))
+        self.register_buffer("e_score_correction_bias", torch.zeros(n))
+        self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
+        self.norm_topk, self.scale = norm_topk, scale
+
+    def forward(self, x: torch.Tensor):
+        scores = torch.sigmoid(x.float() @ self.weight.float().t())  # [T, E]
+        choice = scores + self.e_score_correction_bias.float()
+        if self.n_group > 1:
+            grouped = choice.view(choice.shape[0], self.n_group, -1)
+            group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(self.topk_group, dim=-1)[1], 1.0)
+            choice = choice.masked_fill(~keep.bool()[..., None].expand_as(grouped).reshape_as(choice), float("-inf"))
+        idx = choice.topk(self.top_k, dim=-1)[1]
+        weights = scores.gather(1, idx)
+        if self.norm_topk:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return idx, weights * self.scale
+
+
+class MoE(nn.Module):
+    """Routed experts plus an always-on shared expert MLP."""
+
+    def __init__(self, d_model: int, spec: dict):
+        super().__init__()
+        act = spec["act"]
+        self.gate = SigmoidRouter(spec["n_experts"], d_model, spec["top_k"], spec.get("n_group", 1),
+                                  spec.get("topk_group", 1), spec.get("norm_topk", True), spec.get("scale", 1.0))
+        self.experts = Experts(spec["n_experts"], d_model, spec["hidden"], act)
+        self.shared_experts = TokenMLP(d_model, spec["shared_hidden"], act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        idx, weights = self.gate(flat)
+        routed = self.experts(flat, idx, weights).reshape(x.shape)
+        return routed + self.shared_experts(x)
+
+
+def token_mixer(d_model: int, spec: dict) -> nn.Module:
+    """The module a ``layer_mixers`` entry names: ``{"kind": "mlp", "hidden", "act"}`` or ``{"kind": "moe", ...}``."""
+    kind = spec.get("kind")
+    if spec.get("act") not in ACTIVATIONS:
+        raise ValueError(f"config: layer_mixers act {spec.get('act')!r} is not one of {sorted(ACTIVATIONS)}")
+    if kind == "mlp":
+        return TokenMLP(d_model, int(spec["hidden"]), spec["act"])
+    if kind == "moe":
+        return MoE(d_model, spec)
+    raise ValueError(f"config: layer_mixers kind {kind!r} is not 'mlp' or 'moe'")
+
+
+class SoftmaxMoEMLP(nn.Module):
+    """Softmax-over-top-k routed gated experts plus a shared gated MLP (GraniteMoeHybrid's MLP slot).
+
+    Expert and shared weights keep [gate; up] halves, as the checkpoint stores them.
+    """
+
+    def __init__(self, d_model: int, spec: dict):
+        super().__init__()
+        n, hidden = spec["n_experts"], spec["hidden"]
+        self.top_k = spec["top_k"]
+        self.routed = n > 0  # no experts: the shared MLP alone (GraniteMoeHybrid with num_local_experts=0)
+        if self.routed:
+            self.router = nn.Linear(d_model, n, bias=False)
+            self.gate_up_proj = nn.Parameter(torch.zeros(n, 2 * hidden, d_model))
+            self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
+        self.shared_in = nn.Linear(d_model, 2 * spec["shared_hidden"], bias=False)
+        self.shared_out = nn.Linear(spec["shared_hidden"], d_model, bias=False)
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x).float()
+        top, idx = logits.topk(self.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        gate, up = torch.einsum("td,eid->tei", x, self.gate_up_proj).chunk(2, dim=-1)
+        out = torch.einsum("tei,edi->ted", F.silu(gate) * up, self.down_proj)  # every expert: shape-static
+        chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))
+        return (chosen.float() * weights[..., None]).sum(1).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.shared_in(x).chunk(2, dim=-1)
+        shared = self.shared_out(F.silu(gate) * up)
+        if not self.routed:
+            return shared
+        return self._routed(x.reshape(-1, x.shape[-1])).reshape(x.shape) + shared
