@@ -145,6 +145,8 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.host = drafter == "host"
         self.drafter: Optional[DeviceDrafter] = None if (drafter is None or self.host) else drafter
+        # a drafter that reads the target's final-norm hidden state at the last accepted node (TreeFlash)
+        self.observes = self.drafter is not None and hasattr(self.drafter, "observe_target")
         self.budget = budget
         self.shapes = self._shapes(shapes)
         self.max_nodes = max(s.num_nodes for s in self.shapes)
@@ -261,11 +263,15 @@ class Engine:
             t0 = time.perf_counter()
             ctx = torch.tensor(req.prompt_ids[:-1], dtype=torch.long, device=self.device)
             one = self.model.new_state(1, len(req.prompt_ids) + 1)
+            hidden = torch.zeros(self.model.config.d_model, device=self.device, dtype=self.model.dtype)
             if ctx.numel():
-                self.model.prefill(ctx.reshape(1, -1), one)
+                _, h = self.model.prefill(ctx.reshape(1, -1), one, return_hidden=True)
+                hidden = h[0, -1]
             self.state.assign_row(i, one)
             if self.drafter is not None:
                 self.drafter.prefill_slot(i, ctx)
+                if self.observes:
+                    self.drafter.observe_target(hidden, slot=i)
             self.roots[i] = req.prompt_ids[-1]
             req.root_token = req.prompt_ids[-1]
             self.sampling.set_row(i, req.params)
@@ -290,13 +296,16 @@ class Engine:
     # ----- the step (device code) -----------------------------------------------------------------
     def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int):
         trees = TreeBatch(tokens, parents, depth, count)
-        logits, acts = self.model.tree_forward(trees, self.state)
+        logits, acts, hidden = self.model.tree_forward(trees, self.state, return_hidden=True)
         n = tokens.shape[1]
         u = torch.rand(2, self.batch, n, device=self.device, generator=self.generator)
         res = verify_batch(tokens, parents, valid, logits, self.sampling.temperature, self.sampling.top_k,
                            self.sampling.top_p, mode, q, u[0], u[1], max_depth=max_depth,
                            max_width=max_width)
         self.model.commit(self.state, acts, res.path, res.path_len)
+        if self.observes:  # the hidden state after the last accepted node (it chose the bonus token)
+            last = res.path.gather(1, (res.path_len - 1)[:, None])
+            self.drafter.observe_target(hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0])
         return res
 
     def _finish_step(self, res) -> None:
@@ -309,9 +318,11 @@ class Engine:
             self.drafter.park(self.idle)
 
     def _plain_step(self, any_sampled: bool):
-        logits = self.model.step(self.roots, self.state)
+        logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
         if self.drafter is not None:
             self.drafter.step_roots(self.roots)
+            if self.observes:
+                self.drafter.observe_target(hidden)
         depth, count, valid = self._layout(PLAIN)
         u = torch.rand(2, self.batch, 1, device=self.device, generator=self.generator)
         res = verify_batch(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
@@ -375,9 +386,14 @@ class Engine:
         for layer in self.state.layers:
             tensors += list(vars(layer).values())
         if self.drafter is not None:
-            tensors.append(self.drafter.state.seqlen)
-            for layer in self.drafter.state.layers:
-                tensors += list(vars(layer).values())
+            tensors += self.drafter.mutable() if hasattr(self.drafter, "mutable") else self._drafter_state()
+        return tensors
+
+    def _drafter_state(self) -> list[torch.Tensor]:
+        """A draft model's slot state: what a step graph's warm-up runs advance."""
+        tensors = [self.drafter.state.seqlen]
+        for layer in self.drafter.state.layers:
+            tensors += list(vars(layer).values())
         return tensors
 
     # ----- one engine step (host side) ------------------------------------------------------------
