@@ -3,6 +3,11 @@
 The engine captures such a draft inside its one CUDA graph per step (draft, target tree pass,
 verification, both commits). Host drafters (n-gram, retrieval, remote, plugins) keep the
 ``Drafter``/``DrafterSession`` interface; the engine pads their trees into a fixed node bucket.
+
+Optional hooks the engine calls when a device drafter has them: ``observe_target(hidden, slot=None)``
+hands it the target's final-norm hidden state at each slot's last accepted node (``[B, d]`` inside
+the step, ``[d]`` for one slot after its prefill), for drafters that read the target's states
+(TreeFlash); ``mutable()`` lists the tensors a step advances, when they are not a draft model's state.
 """
 
 from __future__ import annotations

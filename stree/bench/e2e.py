@@ -27,7 +27,10 @@ from stree.verifier.decode.loop import generate
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.verifier.model.tokenizer import load_tokenizer
 
-METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "retrieval", "fusion")
+METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "retrieval", "fusion", "treeflash",
+           "treeflash-marginal")
+TREEFLASH_METHODS = ("treeflash", "treeflash-marginal")  # need --treeflash DIR (stree train --drafter treeflash)
+DEFAULT_TREEFLASH = "checkpoints/demo-treeflash"
 DEFAULT_TARGET, DEFAULT_DRAFT = "checkpoints/demo-target", "checkpoints/demo-draft"
 
 
@@ -50,6 +53,8 @@ def make_drafter(method: str, draft, datastore, args):
     if method == "fusion":  # RASD: the draft model's beam tree merged with retrieval, ranked by the draft model
         return create_drafter("fusion:mamba+retrieval", draft_model=draft, tree=args.beam_tree, datastore=datastore,
                               max_occurrences=args.retrieval_occurrences)
+    if method in TREEFLASH_METHODS:  # one block pass from the target's hidden states; marginal: no conditional head
+        return create_drafter(method, treeflash=args.treeflash, tree=args.treeflash_tree, device=args.device)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
@@ -138,12 +143,18 @@ def run(args) -> int:
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer.json; the e2e benchmark needs text prompts tokenized")
+    if args.methods is None:  # every method; TreeFlash's only where its checkpoint exists
+        have_tf = (Path(args.treeflash) / "config.json").is_file()
+        args.methods = ",".join(m for m in METHODS if have_tf or m not in TREEFLASH_METHODS)
+    args.device = str(device)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
         if m in ("chain", "static", "beam", "auto", "fusion") and draft is None:
             raise ValueError(f"method {m} needs --draft DIR")
+        if m in TREEFLASH_METHODS and not (Path(args.treeflash) / "config.json").is_file():
+            raise ValueError(f"method {m} needs --treeflash DIR (a TreeFlash checkpoint; none at {args.treeflash})")
     datastore = None
     if {"retrieval", "fusion"} & set(methods):
         t0 = time.perf_counter()
@@ -262,7 +273,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("e2e", help="tokens/s of every decoding method on HumanEval, MT-Bench, GSM8K, Spec-Bench")
     p.add_argument("--target", default=DEFAULT_TARGET, help="target checkpoint dir (default: the trained demo target)")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model checkpoint dir")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {', '.join(METHODS)} (default: all; TreeFlash's if --treeflash exists)")
+    p.add_argument("--treeflash", default=DEFAULT_TREEFLASH, help="TreeFlash checkpoint dir (stree train --drafter treeflash)")
+    p.add_argument("--treeflash-tree", default="static:3,2,1,1", help="TreeFlash tree layout (chain:K or static:W1,..)")
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS), help=f"comma-separated, from {', '.join(PROMPT_SETS)}")
     p.add_argument("--mt-bench", default=None, help="MT-Bench question.jsonl")
     p.add_argument("--gsm8k", default=None, help="GSM8K test.jsonl")

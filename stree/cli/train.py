@@ -13,6 +13,23 @@ from stree.cli.init_model import parse_layer_list
 
 from stree.training.corpus import DEFAULT_PACKAGES, build_corpus
 from stree.training.train import LOG_FILE, PLOT_FILE, Shape, TrainConfig, plot_losses, train_pair
+from stree.training.treeflash import TREEFLASH_DIR, TreeFlashTrainConfig, train_treeflash
+
+
+def treeflash_command(args, device: str) -> int:
+    """``stree train --drafter treeflash``: distil a TreeFlash drafter from an already trained target."""
+    cfg = TreeFlashTrainConfig(
+        target=args.target or str(Path(args.out) / "demo-target"), out=args.out, d_model=args.treeflash_d_model,
+        depth=args.treeflash_depth, n_layer=args.treeflash_layers, steps=args.draft_steps or args.steps,
+        minutes=args.draft_minutes, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.draft_lr,
+        warmup=args.warmup, eval_every=args.eval_every, packages=tuple(args.packages.split(",")),
+        corpus_bytes=args.corpus_bytes, device=device, seed=args.seed, cuda_graphs=not args.no_cuda_graphs)
+    log = train_treeflash(cfg)
+    last = log["evals"][-1][1] if log["evals"] else {}
+    print(f"treeflash: {log['steps']} steps in {log['seconds']}s; val KL conditional "
+          f"{last.get('val_kl', '-')}, marginal {last.get('val_kl_marginal', '-')}")
+    print(f"checkpoint: {cfg.out}/{TREEFLASH_DIR} ({log['checkpoint_bytes'] / 1e6:.1f} MB)")
+    return 0
 
 
 def train_command(args) -> int:
@@ -22,6 +39,8 @@ def train_command(args) -> int:
         print(f"wrote {Path(args.replot) / PLOT_FILE}")
         return 0
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.drafter == "treeflash":
+        return treeflash_command(args, device)
     cfg = TrainConfig(
         out=args.out, vocab_size=args.vocab_size,
         target=Shape(args.target_d_model, args.target_layers, tuple(parse_layer_list(args.target_attn_layers, "--target-attn-layers")),
@@ -81,6 +100,13 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer-bytes", type=int, default=8_000_000, help="text the BPE is trained on")
     p.add_argument("--device", default=None)
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager training steps on CUDA")
+    p.add_argument("--drafter", choices=["pair", "treeflash"], default="pair",
+                   help="pair: train the target and distil the Mamba2 drafter; treeflash: distil a TreeFlash "
+                        "drafter from the trained target (--target) into OUT/demo-treeflash")
+    p.add_argument("--target", default=None, help="treeflash: the trained target (default OUT/demo-target)")
+    p.add_argument("--treeflash-d-model", type=int, default=128)
+    p.add_argument("--treeflash-depth", type=int, default=4, help="treeflash: depths drafted in one pass")
+    p.add_argument("--treeflash-layers", type=int, default=2)
     p.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR's loss plot from its train_log.json")
     _corpus_options(p)
     p.set_defaults(func=train_command)

@@ -150,6 +150,8 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.host = drafter == "host"
         self.drafter: Optional[DeviceDrafter] = None if (drafter is None or self.host) else drafter
+        # a drafter that reads the target's final-norm hidden state at the last accepted node (TreeFlash)
+        self.observes = self.drafter is not None and hasattr(self.drafter, "observe_target")
         self.budget = budget
         self.shapes = self._shapes(shapes)
         self.max_nodes = max(s.num_nodes for s in self.shapes)
@@ -265,12 +267,15 @@ class Engine:
                 continue
             t0 = time.perf_counter()
             ctx = torch.tensor(req.prompt_ids[:-1], dtype=torch.long, device=self.device)
-            one = self._prefill(req, ctx)
-            if one is None:  # cancelled during its prefill: the slot stays free
+            prefilled = self._prefill(req, ctx)
+            if prefilled is None:  # cancelled during its prefill: the slot stays free
                 continue
+            one, hidden = prefilled
             self.state.assign_row(i, one)
             if self.drafter is not None:
                 self.drafter.prefill_slot(i, ctx)
+                if self.observes:
+                    self.drafter.observe_target(hidden, slot=i)
             self.roots[i] = req.prompt_ids[-1]
             req.root_token = req.prompt_ids[-1]
             self.sampling.set_row(i, req.params)
@@ -282,13 +287,18 @@ class Engine:
             self._sync_idle()
 
     def _prefill(self, req: Request, ctx: torch.Tensor):
-        """The prompt's state, fed ``prefill_chunk`` tokens at a time; None once the request is cancelled."""
+        """``(state, last hidden)`` after the prompt, fed ``prefill_chunk`` tokens at a time; None once cancelled.
+
+        The hidden state (final norm, last context token) is what a TreeFlash-like drafter reads.
+        """
         one = self.model.new_state(1, len(req.prompt_ids) + 1)
+        hidden = torch.zeros(self.model.config.d_model, device=self.device, dtype=self.model.dtype)
         for start in range(0, ctx.numel(), self.prefill_chunk):
             if req.done:
                 return None
-            self.model.prefill(ctx[start:start + self.prefill_chunk].reshape(1, -1), one)
-        return None if req.done else one
+            _, h = self.model.prefill(ctx[start:start + self.prefill_chunk].reshape(1, -1), one, return_hidden=True)
+            hidden = h[0, -1]
+        return None if req.done else (one, hidden)
 
     def _release(self, i: int) -> None:
         req = self.slots[i]
@@ -307,11 +317,14 @@ class Engine:
                        any_sampled: bool):
         trees = TreeBatch(tokens, parents, depth, count)
         with record_function("stree.target_tree_pass"):
-            logits, acts = self.model.tree_forward(trees, self.state)
+            logits, acts, hidden = self.model.tree_forward(trees, self.state, return_hidden=True)
         with record_function("stree.verify"):
             res = self._verify(tokens, parents, valid, logits, mode, q, max_depth, max_width, any_sampled)
         with record_function("stree.target_commit"):
             self.model.commit(self.state, acts, res.path, res.path_len)
+        if self.observes:  # the hidden state after the last accepted node (it chose the bonus token)
+            last = res.path.gather(1, (res.path_len - 1)[:, None])
+            self.drafter.observe_target(hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0])
         return res
 
     def _verify(self, tokens, parents, valid, logits, mode, q, max_depth, max_width, any_sampled):
@@ -332,9 +345,11 @@ class Engine:
             self.drafter.park(self.idle)
 
     def _plain_step(self, any_sampled: bool):
-        logits = self.model.step(self.roots, self.state)
+        logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
         if self.drafter is not None:
             self.drafter.step_roots(self.roots)
+            if self.observes:
+                self.drafter.observe_target(hidden)
         depth, count, valid = self._layout(PLAIN)
         res = self._verify(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
                            DraftMode.DETERMINISTIC, None, 0, 1, any_sampled)
@@ -398,9 +413,14 @@ class Engine:
         for layer in self.state.layers:
             tensors += list(vars(layer).values())
         if self.drafter is not None:
-            tensors.append(self.drafter.state.seqlen)
-            for layer in self.drafter.state.layers:
-                tensors += list(vars(layer).values())
+            tensors += self.drafter.mutable() if hasattr(self.drafter, "mutable") else self._drafter_state()
+        return tensors
+
+    def _drafter_state(self) -> list[torch.Tensor]:
+        """A draft model's slot state: what a step graph's warm-up runs advance."""
+        tensors = [self.drafter.state.seqlen]
+        for layer in self.drafter.state.layers:
+            tensors += list(vars(layer).values())
         return tensors
 
     # ----- one engine step (host side) ------------------------------------------------------------

@@ -194,22 +194,24 @@ class StreeLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def _logits(self, hidden, residual, head: "TrimmedHead | None" = None) -> torch.Tensor:
+    def _logits(self, hidden, residual, head: "TrimmedHead | None" = None, return_hidden: bool = False):
+        """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from)."""
         h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
         if head is not None:
             logits = head.logits(h, self.config.vocab_size)
-            return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
-        # Logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped.
-        logits = self.lm_head(h)[..., : self.config.vocab_size].float()
-        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
+        else:  # logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped
+            logits = self.lm_head(h)[..., : self.config.vocab_size].float()
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        return (logits, h) if return_hidden else logits
 
-    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None) -> torch.Tensor:
+    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None, return_hidden: bool = False):
         hidden, residual = self.backbone.embedding(input_ids), None
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix)
-        return self._logits(hidden, residual, head)
+        return self._logits(hidden, residual, head, return_hidden)
 
     def trimmed_head(self, keep: torch.Tensor) -> "TrimmedHead":
         """An LM head restricted to token ids ``keep`` (VocabTrim), for cheaper draft steps."""
@@ -219,9 +221,9 @@ class StreeLM(nn.Module):
         return TrimmedHead(keep, self.lm_head.weight.detach()[keep].clone())
 
     # ----- plain forward --------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` ids -> ``[B, T, vocab]`` float32 logits, from an empty state."""
-        return self._run(input_ids, [b.mixer for b in self.backbone.layers])
+    def forward(self, input_ids: torch.Tensor, return_hidden: bool = False):
+        """``[B, T]`` ids -> ``[B, T, vocab]`` float32 logits, from an empty state (and the final-norm hidden states)."""
+        return self._run(input_ids, [b.mixer for b in self.backbone.layers], return_hidden=return_hidden)
 
     # ----- inference state ------------------------------------------------------------------
     def new_state(self, batch_size: int, max_seqlen: int) -> LMState:
@@ -241,8 +243,8 @@ class StreeLM(nn.Module):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, state: LMState) -> torch.Tensor:
-        """Feed ``[B, T]`` tokens after the state's; returns their logits ``[B, T, V]``."""
+    def prefill(self, input_ids: torch.Tensor, state: LMState, return_hidden: bool = False):
+        """Feed ``[B, T]`` tokens after the state's; returns their logits ``[B, T, V]`` (and hidden ``[B, T, d]``)."""
         self._check_ids(input_ids)
         seqlen = state.seqlen
         mixes = [
@@ -251,13 +253,17 @@ class StreeLM(nn.Module):
             else (lambda h, b=b, s=s: b.mixer.prefill(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
-        logits = self._run(input_ids, mixes)
+        out = self._run(input_ids, mixes, return_hidden=return_hidden)
         state.seqlen += input_ids.shape[1]
-        return logits
+        return out
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, state: LMState, head: "TrimmedHead | None" = None) -> torch.Tensor:
-        """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``)."""
+    def step(self, input_ids: torch.Tensor, state: LMState, head: "TrimmedHead | None" = None,
+             return_hidden: bool = False):
+        """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``).
+
+        With ``return_hidden`` it returns ``(logits, hidden [B, d])``, the final-norm hidden states.
+        """
         seqlen = state.seqlen
         mixes = [
             b.mixer if b.kind == "token"
@@ -265,15 +271,17 @@ class StreeLM(nn.Module):
             else (lambda h, b=b, s=s: b.mixer.step(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
-        logits = self._run(input_ids, mixes, head)
+        out = self._run(input_ids, mixes, head, return_hidden)
         state.seqlen += 1
-        return logits
+        return out
 
     @torch.no_grad()
-    def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None):
+    def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None,
+                     return_hidden: bool = False):
         """Logits ``[B, N, V]`` after every node of each tree, in one pass; ``state`` is unchanged.
 
         ``anc_mask`` (``[B, N, N]``, optional) saves recomputing the ancestor mask on the device.
+        With ``return_hidden`` it returns ``(logits, acts, hidden [B, N, d])``, the final-norm hidden states.
         """
         trees = trees.to(self.device)
         self._check_ids(trees.tokens)
@@ -303,6 +311,9 @@ class StreeLM(nn.Module):
             else (lambda h, b=b, s=s: mamba_mix(h, b, s))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
+        if return_hidden:
+            logits, hidden = self._run(trees.tokens, mixes, return_hidden=True)
+            return logits, TreeActs(acts, trees), hidden
         logits = self._run(trees.tokens, mixes)
         return logits, TreeActs(acts, trees)
 

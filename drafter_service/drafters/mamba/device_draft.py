@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from stree.drafter_service.drafters.gumbel import pick_children
 from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode, TreeBatch
@@ -99,12 +100,7 @@ class DeviceTreeDrafter:
             rows = logits[:, lo:hi]  # [B, F, V]
             probs = sampling.warp(rows)
             q[:, lo:hi] = probs
-            keys = rows.float()
-            if any_sampled:  # Gumbel-top-k = successive draws without replacement from q
-                u = torch.rand(rows.shape, device=dev, generator=self.generator).clamp_(1e-12, 1.0 - 1e-7)
-                gumbel = -torch.log(-torch.log(u))
-                keys = torch.where(sampled, torch.log(probs) + gumbel, keys)
-            picks = torch.topk(keys, w, dim=-1).indices  # [B, F, w], children grouped by parent
+            picks = pick_children(rows, probs, w, sampled, any_sampled, self.generator)  # [B, F, w]
             nxt = self.starts[d + 1]
             tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
         # a sampled child the draft gives no mass (support smaller than the width) could never be drawn
