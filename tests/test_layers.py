@@ -51,3 +51,17 @@ def test_a_planted_upward_import_breaks_the_contract(installed):
     assert result.returncode != 0
     assert "BROKEN" in result.stdout
     assert "stree.protocols.sampling -> stree.verifier.service.server" in result.stdout
+
+
+def test_every_source_package_is_installed(installed):
+    """A folder with an __init__.py that pyproject's package list forgets would be missing when installed."""
+    mapping = {"stree": "stree", "protocols": "protocols", "kernels": "kernels", "proto": "proto",
+               "verifier": "verifier", "drafter_service": "drafter_service", "training": "training"}
+    missing = []
+    for top, src in mapping.items():
+        for init in (REPO / src).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / src)
+            dest = installed / "stree" / ("" if top == "stree" else top) / rel / "__init__.py"
+            if not dest.exists():
+                missing.append(str(init.parent.relative_to(REPO)))
+    assert not missing, f"packages missing from pyproject's [tool.setuptools] packages: {missing}"
