@@ -27,11 +27,11 @@ def test_cancel_during_prefill_keeps_the_slot_free(tmp_path):
     calls = {"n": 0}
     real = model.prefill
 
-    def prefill(ids, state):  # the client goes away after the third chunk
+    def prefill(ids, state, **kwargs):  # the client goes away after the third chunk
         calls["n"] += 1
         if calls["n"] == 3:
             req.cancel()
-        return real(ids, state)
+        return real(ids, state, **kwargs)
 
     model.prefill = prefill
     engine.add(req)
