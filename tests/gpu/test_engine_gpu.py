@@ -9,21 +9,14 @@ import stree
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import backend
 from stree.verifier.decode.engine import Engine, Request
-from stree.verifier.model.checkpoint import init_model, load_model
+from stree.verifier.model.checkpoint import load_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-engine")
-    shape = dict(d_model=256, n_layer=4, d_state=64, headdim=64, vocab_size=1000)
-    dirs = {
-        "mamba2": init_model(root / "m", arch="mamba2", seed=1, **shape),
-        "hybrid": init_model(root / "h", arch="hybrid", attn_layers=[2], seed=2, **shape),
-        "draft": init_model(root / "d", arch="mamba2", seed=3, d_model=128, n_layer=2, d_state=32, headdim=32,
-                            vocab_size=1000),
-    }
+def models(gpu_models):
+    dirs = gpu_models
     out = {}
     for name, path in dirs.items():
         model = load_model(path, device="cuda", dtype=torch.float32)

@@ -607,7 +607,7 @@ class Engine:
             req.drafter_session.commit(new)
         except Exception as exc:  # noqa: BLE001
             log.warning("drafter commit failed (%r); continuing without the drafter", exc)
-            req.drafter_session = _DeadSession()
+            req.drafter_session = DeadSession()
 
     # ----- whole runs ---------------------------------------------------------------------------------
     def run(self, requests: Sequence[Request]) -> list[Request]:
@@ -628,7 +628,7 @@ class Engine:
                 "host_us_p90": 1e6 * xs[int(0.9 * (len(xs) - 1))]}
 
 
-class _DeadSession:
+class DeadSession:
     """Stands in for a host drafter that failed for good: always the empty draft."""
 
     def draft(self, budget):

@@ -20,7 +20,7 @@ from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 from stree.protocols.validate import tree_problem
 
-from stree.verifier.decode.engine import Engine, Request
+from stree.verifier.decode.engine import DeadSession, Engine, Request
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.decode.verify import verify_tree
 
@@ -159,7 +159,7 @@ class DecodeSession:
             self.drafter.commit(new)
         except Exception as exc:
             log.warning("drafter commit failed (%r); continuing without the drafter", exc)
-            self.drafter = _DeadDrafter()
+            self.drafter = DeadSession()
         self.times.draft_s += time.perf_counter() - t1
 
     def step(self) -> list[int]:
@@ -232,19 +232,6 @@ class DecodeSession:
         }
 
 
-class _DeadDrafter:
-    """Stands in for a drafter that failed for good: always the empty draft."""
-
-    def draft(self, budget):
-        raise RuntimeError("drafter is gone")
-
-    def commit(self, tokens):
-        return None
-
-    def close(self):
-        return None
-
-
 def open_drafter(
     drafter: Union[None, str, Drafter],
     prompt_ids: Sequence[int],
@@ -253,16 +240,8 @@ def open_drafter(
     **options,
 ) -> Optional[DrafterSession]:
     """A drafter session from a name, a ``Drafter`` object, or None/'none' for plain decoding."""
-    if drafter is None or drafter == "none":
-        return None
-    if isinstance(drafter, str):
-        opts = {k: v for k, v in options.items() if v is not None}
-        if draft_model is not None:
-            opts["draft_model"] = draft_model
-        drafter = create_drafter(drafter, **opts)
-    if not hasattr(drafter, "open"):
-        raise ValueError(f"drafter must be a name or a Drafter, got {type(drafter).__name__}")
-    return drafter.open(list(prompt_ids), params)
+    built = _build_drafter(drafter, draft_model, options)
+    return None if built is None else built.open(list(prompt_ids), params)
 
 
 def generate(

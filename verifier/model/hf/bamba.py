@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import refuse_unless, rope_settings
+from stree.verifier.model.hf.common import refuse_unless, rope_settings, hf_norm_fields
 from stree.verifier.model.hf.weights import fuse_attention, fuse_swiglu, layer_indices, rename
 
 MODEL_TYPE = "bamba"
@@ -58,11 +58,7 @@ def config(data: dict) -> ModelConfig:
             "rotary_emb_dim": rotary_dim,
             "rotary_emb_base": base,
         },
-        rms_norm=True,
-        residual_in_fp32=False,  # transformers keeps Bamba's residual stream in the model dtype
-        pad_vocab_size_multiple=1,
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-        norm_epsilon=eps,
+        **hf_norm_fields(data, eps),
     )
 
 

@@ -21,3 +21,10 @@ def rope_settings(data: dict, head_dim: int, default_partial: float = 1.0) -> tu
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", default_partial)))
     base = float(rope.get("rope_theta", data.get("rope_theta", 10000.0)))
     return int(head_dim * partial), base
+
+
+def hf_norm_fields(data: dict, eps: float) -> dict:
+    """The ModelConfig fields every HF hybrid shares: RMSNorm with ``eps``, residual in the model
+    dtype (as transformers keeps it), the real vocabulary (no padding), tied or untied embeddings."""
+    return dict(rms_norm=True, residual_in_fp32=False, pad_vocab_size_multiple=1,
+                tie_embeddings=bool(data.get("tie_word_embeddings", False)), norm_epsilon=eps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import rope_settings
+from stree.verifier.model.hf.common import rope_settings, hf_norm_fields
 from stree.verifier.model.hf.weights import fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "granitemoehybrid"
@@ -64,11 +64,7 @@ def config(data: dict) -> ModelConfig:
         embedding_multiplier=float(data.get("embedding_multiplier", 1.0)),
         residual_multiplier=float(data.get("residual_multiplier", 1.0)),
         logits_scaling=float(data.get("logits_scaling", 1.0)),
-        rms_norm=True,
-        residual_in_fp32=False,
-        pad_vocab_size_multiple=1,
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-        norm_epsilon=eps,
+        **hf_norm_fields(data, eps),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import refuse_unless
+from stree.verifier.model.hf.common import refuse_unless, hf_norm_fields
 from stree.verifier.model.hf.weights import fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "nemotron_h"
@@ -77,11 +77,7 @@ def config(data: dict) -> ModelConfig:
             "rotary_emb_dim": 0,
         },
         layer_mixers={i: (moe if k == "moe" else mlp) for i, k in enumerate(kinds) if k in ("mlp", "moe")},
-        rms_norm=True,
-        residual_in_fp32=False,
-        pad_vocab_size_multiple=1,
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-        norm_epsilon=eps,
+        **hf_norm_fields(data, eps),
     )
 
 
