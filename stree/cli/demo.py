@@ -17,7 +17,7 @@ from stree.verifier.model.checkpoint import init_model, load_model
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.tokenizer import load_tokenizer
 
-REPO_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+REPO_CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"  # stree/cli/demo.py -> the repo root
 CACHE = Path.home() / ".cache" / "stree" / "demo"
 DEFAULT_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
