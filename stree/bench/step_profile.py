@@ -8,25 +8,18 @@ graphed cost of one draft-model step, one draft tree pass, one target step and o
 
 from __future__ import annotations
 
-import collections
 import json
-import sys
 from pathlib import Path
 
 import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
-from stree.kernels.cuda_graph import capture_graph
+from stree.bench.kernels import graphed_us
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.model.checkpoint import load_model
 
 PHASES = ("stree.draft", "stree.target_tree_pass", "stree.verify", "stree.target_commit", "stree.draft_commit")
-
-
-def _graphed_ms(fn, reps: int = 50) -> float:
-    graph, _ = capture_graph(fn, warmup=2)
-    return _replay_ms(graph, reps)
 
 
 def _replay_ms(graph, reps: int = 50) -> float:
@@ -95,13 +88,13 @@ def run(args) -> int:
     for name, model in (("draft", draft), ("target", target)):
         state = model.new_state(b, 512)
         ids = torch.zeros(b, dtype=torch.long, device="cuda")
-        record["components_ms"][f"{name}_step"] = _graphed_ms(lambda: model.step(ids, state))
+        record["components_ms"][f"{name}_step"] = graphed_us([lambda: model.step(ids, state)]) / 1e3
         for n in (5, 16):
             parents = torch.arange(-1, n - 1, device="cuda").expand(b, n).contiguous()
             trees = TreeBatch(torch.zeros(b, n, dtype=torch.long, device="cuda"), parents,
                               torch.arange(n, device="cuda").expand(b, n).contiguous(),
                               torch.full((b,), n, device="cuda"))
-            record["components_ms"][f"{name}_tree_pass_{n}"] = _graphed_ms(lambda: model.tree_forward(trees, state))
+            record["components_ms"][f"{name}_tree_pass_{n}"] = graphed_us([lambda: model.tree_forward(trees, state)]) / 1e3
     print(json.dumps(record, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=2))
