@@ -6,6 +6,7 @@ import importlib
 
 from stree.kernels import backend
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
+from stree.kernels.rotary import rotary_inv_freq
 
 # op name -> (reference "module:function", triton "module:function")
 _OPS = {
@@ -20,6 +21,8 @@ _OPS = {
     "conv_prefill": ("chunk_scan:conv_prefill_ref", "chunk_scan_triton:conv_prefill_triton"),
     "tree_attention": ("tree_attention:tree_attention_ref", "tree_attention_triton:tree_attention_triton"),
     "kv_commit": ("tree_attention:kv_commit_ref", "tree_attention_triton:kv_commit_triton"),
+    "greedy_verify": ("greedy_verify:greedy_verify_ref", "greedy_verify_triton:greedy_verify_triton"),
+    "rotary": ("rotary:rotary_ref", "rotary_triton:rotary_triton"),
     "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
     "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
 }
@@ -100,6 +103,21 @@ def tree_attention(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None):
 
 def kv_commit(k_cache, v_cache, seqlen, path, path_len):
     return get("kv_commit", k_cache.device)(k_cache, v_cache, seqlen, path, path_len)
+
+
+def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
+    """``(path, path_len, bonus, out_tokens)`` of greedy verification; trees over 64 nodes take the reference."""
+    op = get("greedy_verify", tokens.device)
+    if tokens.shape[1] > 64:
+        op = _load(_OPS["greedy_verify"][0])
+    return op(tokens, parents, valid, best, max_depth, max_width)
+
+
+def rotary(x, pos, dim: int, base: float, interleaved: bool):
+    """RoPE on the first ``dim`` channels of each head of ``x`` ``[B, T, H, D]`` at positions ``pos`` ``[B, T]``."""
+    if dim == 0:
+        return x
+    return get("rotary", x.device)(x, pos, rotary_inv_freq(dim, base, x.device), interleaved)
 
 
 def add_rmsnorm(x, residual, weight, eps, residual_in_fp32=True):

@@ -44,7 +44,7 @@ def check_scores(model, hf_model, vocab: int, prefix_len: int = 7, atol: float =
 
 def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+        out = hf_model.generate(torch.tensor([prompt], device=hf_model.device), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 

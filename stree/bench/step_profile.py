@@ -69,6 +69,90 @@ def _kernel_count(event) -> int:
     return len(getattr(event, "kernels", [])) + sum(_kernel_count(c) for c in event.cpu_children)
 
 
+def kernel_breakdown(fn, reps: int = 5, top: int = 10) -> dict:
+    """GPU microseconds and launches per call of ``fn`` (eager), total and by kernel name (top ``top``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per: dict = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.device_time <= 0:
+            continue
+        name = e.name[:60]
+        calls, us = per.get(name, (0, 0.0))
+        per[name] = (calls + 1, us + e.device_time)
+    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
+    return {"gpu_us": sum(us for _, us in per.values()) / reps,
+            "launches": sum(c for c, _ in per.values()) / reps,
+            "top": [[name, calls / reps, us / reps] for name, (calls, us) in rows[:top]]}
+
+
+def _print_breakdown(name: str, table: dict) -> None:
+    print(f"== {name}: {table['gpu_us']:.1f} us GPU, {table['launches']:.0f} launches")
+    for kname, calls, us in table["top"]:
+        print(f"   {us:8.1f} us {calls:5.1f}x  {kname}")
+
+
+def _matmul_table(d_in: int, d_out: int, dtype) -> dict:
+    """Graphed microseconds per cuBLAS ``[M, d_in] x [d_in, d_out]`` linear at tree-pass row counts."""
+    w = torch.randn(d_out, d_in, device="cuda", dtype=dtype)
+    out = {}
+    for m in (1, 2, 5, 16, 64):
+        x = torch.randn(m, d_in, device="cuda", dtype=dtype)
+        out[f"M{m}"] = graphed_us([lambda: torch.nn.functional.linear(x, w)] * 20)
+    return out
+
+
+def component_breakdown(target, draft, batch: int, record: dict) -> None:
+    """Per-kernel GPU time of each component (eager), printed and stored under ``record['kernels']``."""
+    from stree.protocols.token_tree import DraftMode
+    from stree.verifier.decode.verify_device import verify_batch
+
+    b, dev = batch, "cuda"
+    tables = record.setdefault("kernels", {})
+    for name, model in (("target", target), ("draft", draft)):
+        state = model.new_state(b, 512)
+        ids = torch.zeros(b, dtype=torch.long, device=dev)
+        tables[f"{name}_step"] = kernel_breakdown(lambda: model.step(ids, state))
+        n = 5
+        parents = torch.arange(-1, n - 1, device=dev).expand(b, n).contiguous()
+        trees = TreeBatch(torch.zeros(b, n, dtype=torch.long, device=dev), parents,
+                          torch.arange(n, device=dev).expand(b, n).contiguous(), torch.full((b,), n, device=dev))
+        tables[f"{name}_tree_pass_5"] = kernel_breakdown(lambda: model.tree_forward(trees, state))
+        _, acts = model.tree_forward(trees, state)
+        path = torch.arange(n, device=dev).expand(b, n).contiguous()
+        plen = torch.full((b,), 3, device=dev)
+
+        def commit():
+            model.commit(state, acts, path, plen)
+            state.seqlen.zero_()
+        tables[f"{name}_commit"] = kernel_breakdown(commit)
+    logits = torch.randn(b, 5, target.vocab_size, device=dev)
+    parents = torch.arange(-1, 4, device=dev).expand(b, 5).contiguous()
+    tokens = torch.zeros(b, 5, dtype=torch.long, device=dev)
+    valid = torch.ones(b, 5, dtype=torch.bool, device=dev)
+    zeros = torch.zeros(b, device=dev)
+    u = torch.zeros(b, 5, device=dev)
+    tables["verify_greedy_5"] = kernel_breakdown(lambda: verify_batch(
+        tokens, parents, valid, logits, zeros, zeros.long(), zeros + 1, DraftMode.DETERMINISTIC, None, u, u,
+        max_depth=4, max_width=1, sampling=False))
+    for name, table in tables.items():
+        _print_breakdown(name, table)
+    cfg = target.config
+    mixer = target.backbone.layers[0].mixer
+    d_in_proj, d_inner = mixer.in_proj.weight.shape[0], mixer.out_proj.weight.shape[1]
+    record["matmul_us"] = {"in_proj": _matmul_table(cfg.d_model, d_in_proj, target.dtype),
+                           "out_proj": _matmul_table(d_inner, cfg.d_model, target.dtype),
+                           "lm_head": _matmul_table(cfg.d_model, cfg.padded_vocab_size, target.dtype)}
+    for name, row in record["matmul_us"].items():
+        print(f"== linear {name} us/call:", " ".join(f"{k}={v:.1f}" for k, v in row.items()))
+
+
 def run(args) -> int:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     target = load_model(args.target, device="cuda", dtype=dtype)
@@ -95,7 +179,8 @@ def run(args) -> int:
                               torch.arange(n, device="cuda").expand(b, n).contiguous(),
                               torch.full((b,), n, device="cuda"))
             record["components_ms"][f"{name}_tree_pass_{n}"] = graphed_us([lambda: model.tree_forward(trees, state)]) / 1e3
-    print(json.dumps(record, indent=1))
+    component_breakdown(target, draft, b, record)
+    print(json.dumps({k: v for k, v in record.items() if k != "kernels"}, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=2))
     return 0

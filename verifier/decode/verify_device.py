@@ -11,8 +11,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from stree.kernels import ops
+from stree.kernels.greedy_verify import emitted, greedy_final, path_to, tree_structure
 from stree.protocols.sampling import sample_inverse_cdf, warp_logits_rows
-from stree.protocols.token_tree import DraftMode, TokenTree, ancestor_mask
+from stree.protocols.token_tree import DraftMode, TokenTree
 
 
 @dataclass
@@ -68,21 +70,23 @@ def verify_batch(
     mode = DraftMode(mode)
     _check_shapes(tokens, parents, valid, logits, mode, draft_probs, uniforms, bonus_uniforms,
                   max_depth, max_width)
-    anc = ancestor_mask(parents)
-    depth = anc.sum(-1) - 1
-    rank = _sibling_rank(parents, valid)
-    in_bounds = valid & (depth <= max_depth) & (rank < max_width)
-    final, bonus = _greedy(tokens, parents, in_bounds, logits, anc, depth)
-    if sampling:
-        walk = _Walk(tokens, logits, temperature, top_k, top_p, mode, draft_probs, uniforms, prob_dtype)
-        kids = _children_table(parents, in_bounds, rank, max_width)
-        sampled_node, sampled_bonus = walk.run(kids, bonus_uniforms, max_depth)
-        greedy = temperature.to(tokens.device) == 0
-        final = torch.where(greedy, final, sampled_node)
-        bonus = torch.where(greedy, bonus, sampled_bonus)
-    path = _path_to(anc, depth, final, max_depth)
+    if not sampling:  # every row greedy: argmax, then one fused launch on the GPU
+        path, path_len, bonus, out = ops.greedy_verify(tokens, parents, valid, logits.argmax(-1),
+                                                       max_depth, max_width)
+        return DeviceVerifyResult(path=path, path_len=path_len, bonus=bonus, out_tokens=out, num_out=path_len)
+    anc, depth, rank, in_bounds = tree_structure(parents, valid, max_depth, max_width)
+    best = logits.argmax(-1)  # [B, N], ties toward the lower token id
+    final = greedy_final(tokens, parents, in_bounds, best, anc, depth)
+    bonus = best.gather(1, final.unsqueeze(1)).squeeze(1)
+    walk = _Walk(tokens, logits, temperature, top_k, top_p, mode, draft_probs, uniforms, prob_dtype)
+    kids = _children_table(parents, in_bounds, rank, max_width)
+    sampled_node, sampled_bonus = walk.run(kids, bonus_uniforms, max_depth)
+    greedy = temperature.to(tokens.device) == 0
+    final = torch.where(greedy, final, sampled_node)
+    bonus = torch.where(greedy, bonus, sampled_bonus)
+    path = path_to(anc, depth, final, max_depth)
     path_len = depth.gather(1, final.unsqueeze(1)).squeeze(1) + 1
-    out = _emitted(tokens, path, path_len, bonus)
+    out = emitted(tokens, path, path_len, bonus)
     return DeviceVerifyResult(path=path, path_len=path_len, bonus=bonus, out_tokens=out,
                               num_out=path_len)
 
@@ -113,16 +117,6 @@ def _check_shapes(tokens, parents, valid, logits, mode, draft_probs, uniforms, b
 
 
 # ----- tree structure --------------------------------------------------------------------------------
-def _sibling_rank(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``[B, N]``: how many valid earlier nodes share each node's parent (its rank among siblings)."""
-    n = parents.shape[1]
-    idx = torch.arange(n, device=parents.device)
-    par = parents.clamp_min(0)
-    earlier = idx.unsqueeze(0) < idx.unsqueeze(1)  # [i, j]: j < i
-    same = (par.unsqueeze(2) == par.unsqueeze(1)) & (valid & (idx > 0)).unsqueeze(1) & earlier
-    return same.sum(-1)
-
-
 def _children_table(parents, in_bounds, rank, max_width):
     """``[B, N, max_width]``: the r-th child of each node in node order, -1 where none.
 
@@ -136,19 +130,6 @@ def _children_table(parents, in_bounds, rank, max_width):
     table = torch.full((b, overflow + 1), -1, dtype=torch.long, device=parents.device)
     table = table.scatter(1, slot, idx.expand(b, n))
     return table[:, :overflow].reshape(b, n, max_width)
-
-
-# ----- greedy: all rows in parallel through the ancestor mask ---------------------------------------
-def _greedy(tokens, parents, in_bounds, logits, anc, depth):
-    """Deepest node whose path follows the target's argmax (lowest index on ties); bonus = its argmax."""
-    n = tokens.shape[1]
-    best = logits.argmax(-1)  # [B, N], ties toward the lower token id
-    idx = torch.arange(n, device=tokens.device)
-    match = (in_bounds & (tokens == best.gather(1, parents.clamp_min(0)))) | (idx == 0)
-    on_path = ~(anc & ~match.unsqueeze(1)).any(-1)
-    key = torch.where(on_path, depth * n + (n - 1 - idx), -1)
-    final = key.argmax(-1)  # keys are distinct: deepest, then lowest index
-    return final, best.gather(1, final.unsqueeze(1)).squeeze(1)
 
 
 # ----- sampling: recursive rejection sampling, one tree level per outer step ------------------------
@@ -234,24 +215,3 @@ class _Walk:
                 q = torch.where(rejected, _remove(q, x), q)
         found = accepted >= 0
         return torch.where(found, accepted, node), done | ~found, p
-
-
-# ----- outputs -----------------------------------------------------------------------------------------
-def _path_to(anc, depth, final, max_depth):
-    """``[B, max_depth + 1]``: the ancestors of ``final`` ordered by depth, 0 past its depth."""
-    n = anc.shape[1]
-    rows = torch.arange(anc.shape[0], device=anc.device)
-    on = anc[rows, final]  # [B, N]: final's ancestors and itself
-    levels = torch.arange(max_depth + 1, device=anc.device)
-    at_level = on.unsqueeze(1) & (depth.unsqueeze(1) == levels.view(1, -1, 1))  # [B, D+1, N]
-    return (at_level.long() * torch.arange(n, device=anc.device)).sum(-1)
-
-
-def _emitted(tokens, path, path_len, bonus):
-    """Tokens of the accepted nodes after the root, then the bonus; 0 after that."""
-    on_path = tokens.gather(1, path)
-    shifted = torch.cat([on_path[:, 1:], torch.zeros_like(on_path[:, :1])], dim=1)
-    k = torch.arange(path.shape[1], device=path.device).unsqueeze(0)
-    last = (path_len - 1).unsqueeze(1)
-    out = torch.where(k < last, shifted, torch.zeros_like(shifted))
-    return torch.where(k == last, bonus.unsqueeze(1), out)

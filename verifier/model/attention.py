@@ -24,23 +24,6 @@ class AttnLayerState:
     v_cache: torch.Tensor  # [B, L, Hkv, D]
 
 
-def apply_rotary(x: torch.Tensor, pos: torch.Tensor, dim: int, base: float, interleaved: bool) -> torch.Tensor:
-    """RoPE on the first ``dim`` channels of each head (flash-attn conventions); ``pos`` is ``[B, T]``."""
-    if dim == 0:
-        return x
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    freqs = pos.float()[..., None] * inv_freq  # [B, T, dim/2]
-    cos, sin = freqs.cos()[:, :, None, :], freqs.sin()[:, :, None, :]
-    xr, rest = x[..., :dim].float(), x[..., dim:]
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., : dim // 2], xr[..., dim // 2:]
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return torch.cat([out.to(x.dtype), rest], dim=-1)
-
-
 class Attention(nn.Module):
     """Causal MHA/GQA; parameter names match mamba_ssm's ``MHA`` (``in_proj``, ``out_proj``)."""
 
@@ -73,8 +56,8 @@ class Attention(nn.Module):
         q = qkv[..., : self.num_heads * self.head_dim].reshape(b, t, self.num_heads, self.head_dim)
         kv = qkv[..., self.num_heads * self.head_dim:].reshape(b, t, 2, self.num_heads_kv, self.head_dim)
         k, v = kv[:, :, 0], kv[:, :, 1]
-        q = apply_rotary(q, pos, self.rotary_dim, self.rotary_base, self.rotary_interleaved)
-        k = apply_rotary(k, pos, self.rotary_dim, self.rotary_base, self.rotary_interleaved)
+        q = ops.rotary(q, pos, self.rotary_dim, self.rotary_base, self.rotary_interleaved)
+        k = ops.rotary(k, pos, self.rotary_dim, self.rotary_base, self.rotary_interleaved)
         return q, k, v, x_mlp
 
     def _out(self, ctx: torch.Tensor, x_mlp: torch.Tensor) -> torch.Tensor:

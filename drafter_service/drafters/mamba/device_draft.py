@@ -92,14 +92,17 @@ class DeviceTreeDrafter:
         parents = self.static_parents
         tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
         tokens[:, 0] = roots
-        q = torch.zeros(b, n, vocab, device=dev)
+        # greedy steps (static) need neither the warped draft law nor its [B, N, V] copy
+        q = torch.zeros(b, n, vocab, device=dev) if any_sampled else None
         sampled = (sampling.temperature > 0)[:, None, None]
         for d, w in enumerate(self.shape.widths):
             lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
             logits, _ = self._logits(tokens, parents)
             rows = logits[:, lo:hi]  # [B, F, V]
-            probs = sampling.warp(rows)
-            q[:, lo:hi] = probs
+            probs = None
+            if any_sampled:
+                probs = sampling.warp(rows)
+                q[:, lo:hi] = probs
             picks = pick_children(rows, probs, w, sampled, any_sampled, self.generator)  # [B, F, w]
             nxt = self.starts[d + 1]
             tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
