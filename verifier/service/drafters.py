@@ -6,7 +6,7 @@ import threading
 from typing import Optional
 
 from stree.protocols.drafter import DraftBudget, Drafter
-from stree.protocols.registry import create_drafter, get_drafter_factory
+from stree.protocols.registry import create_drafter, filter_options, get_drafter_factory
 from stree.verifier.service.remote_drafter import RemoteDrafter
 
 NO_DRAFTER = "none"
@@ -33,8 +33,6 @@ class EmbeddedDrafters:
                 opts = dict(self.options)
                 if self.draft_model is not None:
                     opts["draft_model"] = self.draft_model
-                from stree.drafter_service.actors import filter_options
-
                 self._built[name] = create_drafter(name, **filter_options(get_drafter_factory(name), opts))
             return self._built[name]
 

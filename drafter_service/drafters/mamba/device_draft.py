@@ -141,6 +141,21 @@ class DeviceTreeDrafter:
         """Plain decoding steps: feed just the roots, so the draft state keeps up."""
         self.model.step(roots, self.state)
 
+    def catch_up(self, backlog: torch.Tensor, count: torch.Tensor) -> None:
+        """Feed each slot's first ``count[b]`` tokens of ``backlog`` ``[B, L]`` in one chain pass + replay.
+
+        The engine's plain steps leave the draft behind instead of stepping it token by token; before
+        the next draft it catches up here, at the cost of one draft tree pass for up to L tokens.
+        """
+        b, n = backlog.shape
+        if ("catch_up", n) not in self._layout:
+            chain = torch.arange(n, device=backlog.device)
+            self._layout[("catch_up", n)] = ((chain - 1).expand(b, n).contiguous(), chain.expand(b, n).contiguous(),
+                                             torch.full((b,), n, dtype=torch.long, device=backlog.device))
+        parents, path, num_nodes = self._layout[("catch_up", n)]
+        _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes), self.state)
+        self.model.commit(self.state, acts, path, count, min_len=0)
+
 
 def _beam_log_q(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
     """Beam scores: log-softmax of the raw logits for greedy rows, log of the shared warp for sampled rows."""
