@@ -7,6 +7,8 @@ token, small max_new_tokens) and sequences that join mid-run (more prompts than 
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -179,3 +181,26 @@ def test_plain_steps_leave_a_lazy_drafter_behind_and_it_catches_up_exactly(model
     spec_steps = sum(r.num_draft_tokens for r in reqs) // 3
     assert spec_steps > 0
     assert sum(r.num_accepted_draft_tokens for r in reqs) == 3 * spec_steps
+
+
+def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
+    """The first run of a shape on CUDA also captures its graph (seconds, not a step's cost); feeding that
+    time to goodput control would make it shun the shape, plain decoding included, for hundreds of steps."""
+    model, draft = models["mamba2"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
+    runs, first = [], set()
+    run = engine._run
+
+    def run_and_pretend_to_capture(key):
+        run(key)
+        runs.append(key[0])
+        if key not in first:  # CPU has no graphs: mark each key's first run as the capturing one
+            first.add(key)
+            engine.captured = True
+
+    engine._run = run_and_pretend_to_capture
+    engine.run([Request([5, 9, 13], max_new_tokens=30), Request([2], max_new_tokens=30)])
+    steps = {row["shape"]: row["steps"] for row in engine.goodput.table()}
+    kinds = {"none": "none", "tree": "chain:2"}
+    launched = collections.Counter(kinds[k] for k in runs if k in kinds)
+    assert steps == {s: launched[s] - 1 for s in ("none", "chain:2")}

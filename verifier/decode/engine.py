@@ -127,6 +127,7 @@ class _Launched:
     host_s: float
     drafted: int
     timer: tuple  # (start, end) CUDA events, or the step's wall seconds on the CPU
+    measured: bool = True  # False when the step also captured a graph: its time is no cost sample
 
 
 class Engine:
@@ -179,6 +180,7 @@ class Engine:
         self.graphs_failed = False
         self.metrics = collections.Counter()
         self.step_host_s: list[float] = []
+        self.captured = False  # set by a step that captured a graph (cleared at each launch)
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -403,6 +405,7 @@ class Engine:
                 fn()
                 return
             self.graphs[key] = graph
+            self.captured = True
         graph.replay()
 
     def _catch_up(self) -> None:
@@ -490,6 +493,7 @@ class Engine:
             drafted = shape.num_nodes - 1
         # a lazy drafter catches up before it drafts, or before its backlog would overflow
         catch_up = self.lazy and self.behind > 0 and (shape.kind != "none" or self.behind >= CATCH_UP)
+        self.captured = False
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -510,7 +514,8 @@ class Engine:
             event.record()
         else:
             tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
-        return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer)
+        return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer,
+                         measured=not self.captured)
 
     def _run_step(self, key, catch_up: bool) -> None:
         if catch_up:
@@ -559,7 +564,9 @@ class Engine:
         self.metrics["waited_s"] += t1 - t0
         seconds = step.timer[0] if len(step.timer) == 1 else step.timer[0].elapsed_time(step.timer[1]) / 1e3
         self.metrics["gpu_s"] += seconds
-        if self.goodput is not None and accepted:
+        # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
+        # controller would otherwise shun the shape (plain decoding included) for retry_every steps
+        if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds)
         return out
 
