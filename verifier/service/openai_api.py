@@ -97,6 +97,8 @@ class OpenAIApp:
             return denied
         try:
             body = json.loads(await request.body())
+        except RecursionError:
+            return error(400, "the body is not valid JSON: it is nested too deeply")
         except ValueError as exc:
             return error(400, f"the body is not valid JSON: {exc}")
         try:

@@ -6,6 +6,7 @@ are options this server does not implement (logprobs, penalties, echo, best_of, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,7 @@ CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "to
                         "response_format", "add_generation_prompt", "parallel_tool_calls"}
 MAX_STOPS = 8
 MAX_STOP_CHARS = 256
+MAX_TOP_K = 2**32 - 1  # the gRPC wire's uint32; the engine keeps top_k in int64 tensors, which 2**63 overflows
 
 
 class BadField(ValueError):
@@ -53,13 +55,17 @@ def _number(body: dict, key: str, default, kind=float, low=None, high=None):
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and int(value) != value):
-        raise BadField(key, f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))  # JSON allows NaN, inf
+    if isinstance(value, bool) or not finite or (kind is int and int(value) != value):
+        raise BadField(key, f"'{key}' must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
     if low is not None and value < low:
         raise BadField(key, f"'{key}' must be >= {low}, got {value}")
     if high is not None and value > high:
         raise BadField(key, f"'{key}' must be <= {high}, got {value}")
-    return kind(value)
+    try:
+        return kind(value)
+    except OverflowError:  # an integer past float range
+        raise BadField(key, f"'{key}' is out of range, got {value}") from None
 
 
 def _flag(body: dict, key: str, default: bool = False) -> bool:
@@ -163,8 +169,8 @@ def parse(body, chat: bool, models: set[str], limits: ServerLimits) -> ApiReques
         req.params = SamplingParams(
             temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
             top_p=_number(body, "top_p", 1.0, float),
-            top_k=_number(body, "top_k", 0, int, -1) if body.get("top_k") != -1 else 0,
-            seed=_number(body, "seed", None, int) if body.get("seed") is not None else None,
+            top_k=_number(body, "top_k", 0, int, -1, MAX_TOP_K) if body.get("top_k") != -1 else 0,
+            seed=_number(body, "seed", None, int, -(2**63), 2**64 - 1) if body.get("seed") is not None else None,
         )
     except ValueError as exc:
         if isinstance(exc, BadField):

@@ -12,6 +12,7 @@ import logging
 from typing import Optional
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from stree.proto.codec import budget_from_pb, sampling_from_pb
 from stree.proto.rpc import SERVER_OPTIONS, add_health_and_reflection, set_serving
@@ -44,6 +45,29 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     def __init__(self, core: ServingCore):
         self.core = core
 
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Register both methods taking raw bytes, so a malformed request is ours to answer (INVALID_ARGUMENT)."""
+        handlers = {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                self.Generate, request_deserializer=None,
+                response_serializer=generation_pb2.GenerateChunk.SerializeToString),
+            "GenerateUnary": grpc.unary_unary_rpc_method_handler(
+                self.GenerateUnary, request_deserializer=None,
+                response_serializer=generation_pb2.GenerateResponse.SerializeToString),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+    @staticmethod
+    def _parse(req) -> generation_pb2.GenerateRequest:
+        """The request as a message (raw bytes off the wire, or a message already); InvalidRequest when malformed."""
+        if isinstance(req, generation_pb2.GenerateRequest):
+            return req
+        try:
+            return generation_pb2.GenerateRequest.FromString(req)
+        except DecodeError:
+            raise InvalidRequest("request is not a valid stree.v1.GenerateRequest "
+                                 "(malformed protobuf or invalid UTF-8)") from None
+
     def _spec(self, req) -> GenSpec:
         kind = req.WhichOneof("prompt")
         spec = GenSpec(max_new_tokens=req.max_new_tokens, stops=[s for s in req.stop if s],
@@ -66,7 +90,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     async def _run(self, req, context):
         try:
-            job = await self.core.prepare(self._spec(req))
+            job = await self.core.prepare(self._spec(self._parse(req)))
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         stream = self.core.stream(job)
@@ -136,7 +160,7 @@ class GenerationServer:
 
     async def start(self) -> None:
         self.server = grpc.aio.server(options=grpc_options(self.core.limits))
-        generation_pb2_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
+        self.servicer.add_to(self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         await set_serving(self.health, [SERVICE_NAME], serving=False)
         where = f"{self.bind}:{self.requested_port}"
