@@ -4,11 +4,7 @@
 # pair (HumanEval + MT-Bench, T=0 and 1) and `stree bench batch` (batch 1/4/16/64; 2.7B shape with the oracle).
 # Usage (repo root): bench/engine_gpu.sh OUT_DIR [TAG]
 set -euo pipefail
-out="${1:?usage: bench/engine_gpu.sh OUT_DIR [TAG]}"
-tag="${2:-h100-$(date +%Y%m%d)}"
-mkdir -p "$out"
-source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source bench/gpu_start.sh "$@"
 (python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 || true) | tail -25 > "$out/gpu-tests-$tag.txt"; cat "$out/gpu-tests-$tag.txt"
 python3 -m stree.cli bench e2e --prompt-sets humaneval,mt_bench --mt-bench .data/mt_bench.jsonl \
   --methods ${E2E_METHODS:-plain,chain,static,beam,auto} --dtype float32 --num-prompts 8 --max-new-tokens 128 \

@@ -3,11 +3,7 @@
 # benchmark (HumanEval + MT-Bench, 8 prompts x 128 tokens) in each of $DTYPES (default float32).
 # Usage (repo root): bench/speed_gpu.sh OUT_DIR [TAG]
 set -euo pipefail
-out="${1:?usage: bench/speed_gpu.sh OUT_DIR [TAG]}"
-tag="${2:-h100-$(date +%Y%m%d)}"
-mkdir -p "$out"
-source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source bench/gpu_start.sh "$@"
 if [ "${GPU_TESTS:-1}" = 1 ]; then
   (timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rf ${GPU_TEST_PATHS:-tests/gpu} > "$out/gpu-tests-$tag.txt" 2>&1 || true)
   grep -E "passed|failed|^FAILED|Error" "$out/gpu-tests-$tag.txt" | tail -15

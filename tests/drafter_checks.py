@@ -1,4 +1,5 @@
-"""Checks every drafted tree must pass, and a Hypothesis strategy for draft budgets."""
+"""Checks every drafted tree must pass, a commit-then-draft loop that applies them, and a Hypothesis
+strategy for draft budgets."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ def assert_valid_draft(tree: TokenTree, context: list[int], budget: DraftBudget)
         assert len(sibling_tokens) == len(set(sibling_tokens)), f"duplicate siblings in {tree}"
     depth = tree.depth.tolist()
     assert depth == sorted(depth), "nodes must come in breadth-first order"
+
+
+def drafts_after_commits(session, prompt: list[int], steps: list[list[int]], budget: DraftBudget):
+    """Commit nothing, then each of ``steps``, to ``session`` (opened on ``prompt``), drafting under ``budget``
+    after each commit; yields every (valid) draft with the context it was drafted on, then closes the session."""
+    context = list(prompt)
+    for step in [[]] + steps:
+        session.commit(step)
+        context += step
+        tree = session.draft(budget)
+        assert_valid_draft(tree, context, budget)
+        yield tree, context
+    session.close()
 
 
 def occurs_in(needle: list[int], haystack: list[int], before: int | None = None) -> bool:

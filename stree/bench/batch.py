@@ -10,15 +10,13 @@ engine's launch + bookkeeping time, excluding waits for the GPU.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from datetime import date
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta, report
 from stree.bench.oracle import SHAPES, make_target
 from stree.bench.prompt_sets import load_prompt_set
 from stree.drafter_service.drafters.oracle import OracleDrafter
@@ -29,19 +27,14 @@ from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, **opts) -> dict:
     """Tokens/s of ``prompts`` run ``batch`` at a time (after one warm-up run of the same call)."""
     kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch, **opts)
     generate(model, prompts[:batch], **kw)
-    _sync()
+    cuda_sync()
     t0 = time.perf_counter()
     outs = generate(model, prompts, **kw)
-    _sync()
+    cuda_sync()
     elapsed = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     steps = sum(o.stats["steps"] for o in outs)
@@ -115,10 +108,10 @@ def _timed_oracle(model, prompts, drafters, batch: int, new_tokens: int) -> dict
         engine = engine_for(model, "host", (), batch, max(len(p) for p in prompts) + new_tokens, None, DEFAULT_BUDGET)
         reqs = [Request(p, new_tokens, SamplingParams(), drafter_session=d.open(p, SamplingParams()))
                 for p, d in zip(prompts, drafters)]
-        _sync()
+        cuda_sync()
         t0 = time.perf_counter()
         engine.run(reqs)
-        _sync()
+        cuda_sync()
         elapsed = time.perf_counter() - t0
         tokens = sum(len(r.output) for r in reqs)
         steps = sum(r.steps for r in reqs)
@@ -130,30 +123,24 @@ def _timed_oracle(model, prompts, drafters, batch: int, new_tokens: int) -> dict
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    device, dtype = device_and_dtype(args)
     rows = pair_rows(args, device, dtype)
     if args.oracle_shape:
         rows += oracle_rows(args, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    record = {"benchmark": "batch", "date": date.today().isoformat(),
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "command": "stree " + " ".join(sys.argv[1:]), "dtype": args.dtype, "torch": torch.__version__,
-              "rows": rows}
-    print(f"{'target':<10}{'method':<14}{'T':>4}{'batch':>6}{'tok/s':>10}{'x plain':>9}{'tau':>6}{'host us':>9}")
-    for r in rows:
-        sp = r.get("speedup_vs_plain")
-        print(f"{r['target']:<10}{r['method']:<14}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
-              f"{(f'{sp:.2f}x' if sp else '-'):>9}{(r.get('tau') or 0):>6.2f}{(r.get('host_us_p50') or 0):>9.0f}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2))
-    return 0
+    record = {**record_meta("batch", device), "dtype": args.dtype, "torch": torch.__version__, "rows": rows}
+    header = f"{'target':<10}{'method':<14}{'T':>4}{'batch':>6}{'tok/s':>10}{'x plain':>9}{'tau':>6}{'host us':>9}"
+    return report(record, args.out, header, _table_line)
+
+
+def _table_line(r: dict) -> str:
+    sp = r.get("speedup_vs_plain")
+    return (f"{r['target']:<10}{r['method']:<14}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
+            f"{(f'{sp:.2f}x' if sp else '-'):>9}{(r.get('tau') or 0):>6.2f}{(r.get('host_us_p50') or 0):>9.0f}")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("batch", help="engine throughput at several batch sizes: speculative (auto, tree) vs plain")
-    p.add_argument("--target", default="checkpoints/demo-target")
-    p.add_argument("--draft", default="checkpoints/demo-draft")
+    add_pair_args(p)
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -164,7 +151,6 @@ def add_parser(sub) -> None:
     p.add_argument("--oracle-nodes", type=int, default=16)
     p.add_argument("--oracle-prompt-len", type=int, default=64)
     p.add_argument("--oracle-new-tokens", type=int, default=128)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32")
+    add_device_args(p, "float32")
     p.add_argument("--out", default=None)
     p.set_defaults(func=run)

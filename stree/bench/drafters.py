@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
-from datetime import date
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from stree.bench.common import add_device_args, cuda_sync, device_and_dtype, record_meta, report
 from stree.protocols.drafter import DraftBudget
 from stree.protocols.registry import create_drafter
 from stree.protocols.sampling import SamplingParams
@@ -39,11 +37,6 @@ CASES = [
 ]
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def bench_one(name, options, draft_model, motif, context_len, budget, steps, params) -> dict:
     """Draft ``steps`` times on a context that repeats ``motif``; each step commits the motif's next tokens."""
     drafter = create_drafter(name, draft_model=draft_model, **options)
@@ -52,10 +45,10 @@ def bench_one(name, options, draft_model, motif, context_len, budget, steps, par
     session = drafter.open([stream(i) for i in range(pos)], params)
     times, nodes = [], []
     for i in range(steps + 3):
-        _sync()
+        cuda_sync()
         t0 = time.perf_counter()
         tree = session.draft(budget)
-        _sync()
+        cuda_sync()
         if i >= 3:  # the first steps warm up kernels and caches
             times.append(time.perf_counter() - t0)
             nodes.append(tree.num_nodes)
@@ -71,8 +64,7 @@ def bench_one(name, options, draft_model, motif, context_len, budget, steps, par
 
 
 def run(args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    device, dtype = device_and_dtype(args)
     if args.draft_model:
         from stree.verifier.model.checkpoint import load_model
 
@@ -85,26 +77,18 @@ def run(args) -> int:
     params = SamplingParams(temperature=0.0)
     rows = [bench_one(n, o, draft, motif, args.context_len, budget, args.steps, params)
             for n, o in tqdm(CASES, desc="drafters")]
-    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    record = {"benchmark": "drafters", "date": date.today().isoformat(), "device": device_name,
-              "command": "stree " + " ".join(sys.argv[1:]), "draft_model": args.draft_model or
-              "Mamba2-130M shape, random weights", "dtype": args.dtype, "context_len": args.context_len,
-              "budget": vars(budget), "rows": rows}
-    print(f"{'drafter':<22}{'options':<26}{'nodes':>7}{'p50 ms':>9}{'p90 ms':>9}")
-    for r in rows:
-        print(f"{r['drafter']:<22}{json.dumps(r['options']):<26}{r['mean_nodes']:>7.1f}"
-              f"{r['draft_ms_p50']:>9.3f}{r['draft_ms_p90']:>9.3f}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2))
-    return 0
+    record = {**record_meta("drafters", device),
+              "draft_model": args.draft_model or "Mamba2-130M shape, random weights", "dtype": args.dtype,
+              "context_len": args.context_len, "budget": vars(budget), "rows": rows}
+    return report(record, args.out, f"{'drafter':<22}{'options':<26}{'nodes':>7}{'p50 ms':>9}{'p90 ms':>9}",
+                  lambda r: f"{r['drafter']:<22}{json.dumps(r['options']):<26}{r['mean_nodes']:>7.1f}"
+                            f"{r['draft_ms_p50']:>9.3f}{r['draft_ms_p90']:>9.3f}")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("drafters", help="draft time per step for each drafter and tree shape")
     p.add_argument("--draft-model", default=None, help="checkpoint dir (default: Mamba2-130M shape, random)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    add_device_args(p, "bfloat16")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--max-nodes", type=int, default=32)

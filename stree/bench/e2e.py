@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -24,6 +23,8 @@ from stree.protocols.registry import create_drafter
 from stree.verifier.model.checkpoint import load_model
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
+from stree.bench.common import (DEMO_DRAFT, DEMO_TARGET, add_device_args, device_and_dtype, record_meta,
+                                save_record)
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.verifier.model.tokenizer import load_tokenizer
 
@@ -31,7 +32,7 @@ METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "re
            "treeflash-marginal")
 TREEFLASH_METHODS = ("treeflash", "treeflash-marginal")  # need --treeflash DIR (stree train --drafter treeflash)
 DEFAULT_TREEFLASH = "checkpoints/demo-treeflash"
-DEFAULT_TARGET, DEFAULT_DRAFT = "checkpoints/demo-target", "checkpoints/demo-draft"
+DEFAULT_TARGET, DEFAULT_DRAFT = DEMO_TARGET, DEMO_DRAFT
 
 
 def make_drafter(method: str, draft, datastore, args):
@@ -136,8 +137,7 @@ def mamba_ssm_method(target_dir: str, prompts, temperature: float, args) -> dict
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    device, dtype = device_and_dtype(args)
     target = load_model(args.target, device=device, dtype=dtype)
     draft = load_model(args.draft, device=device, dtype=dtype) if args.draft else None
     tokenizer = load_tokenizer(args.target)
@@ -172,9 +172,7 @@ def run(args) -> int:
     rows = []
     cases = [(s, t, m) for s in sets for t in args.temperatures for m in methods]
     plain_out: dict = {}
-    meta = {"benchmark": "e2e", "date": date.today().isoformat(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "command": "stree " + " ".join(sys.argv[1:]), "target": args.target, "draft": args.draft,
+    meta = {**record_meta("e2e", device), "target": args.target, "draft": args.draft,
             "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
             "chain_length": args.chain_length, "static_widths": args.static_widths, "beam_tree": args.beam_tree,
             "budget": vars(DEFAULT_BUDGET), "torch": torch.__version__}
@@ -212,11 +210,6 @@ def run(args) -> int:
         save_record(args.out, {**meta, "complete": True, "rows": rows})
         plot(rows, Path(args.out).with_suffix(".png"))
     return 0
-
-
-def save_record(path: str, record: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=2))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -292,8 +285,7 @@ def add_parser(sub) -> None:
     p.add_argument("--datastore-bytes", type=int, default=4_000_000, help="retrieval datastore text size")
     p.add_argument("--retrieval-occurrences", type=int, default=256,
                    help="corpus occurrences of the matched suffix the retrieval drafter counts")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    add_device_args(p, "bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON record here (and the plot beside it as .png)")
     p.set_defaults(func=run)

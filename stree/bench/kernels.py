@@ -34,21 +34,19 @@ LAYER_SHAPES = {
     "130m": dict(nheads=24, headdim=64, d_state=128, ngroups=1, d_model=768, n_layer=24, d_conv=4),
 }
 # DESIGN.md section 5 (H100, bf16, CUDA graphs), microseconds; keys (shape, impl, nodes).
+_TREE_ANCHOR_NODES = (15, 31, 63)
+_TREE_ANCHORS_US = {  # (shape, impl): microseconds at 15, 31 and 63 nodes
+    ("2.7b", "mamba_chunk_scan"): (27.4, 27.9, 31.6),
+    ("2.7b", "paper_ref_tree_scan"): (45.7, 45.7, 48.4),
+    ("2.7b", "unrolled_paths"): (94.8, 176.0, 332.0),
+    ("130m", "mamba_chunk_scan"): (20.9, 21.8, 22.9),
+    ("130m", "paper_ref_tree_scan"): (25.3, 25.5, 26.8),
+    ("130m", "unrolled_paths"): (37.2, 61.9, 114.0),
+}
 ANCHORS_US = {
-    ("2.7b", "mamba_chunk_scan", 15): 27.4, ("2.7b", "mamba_chunk_scan", 31): 27.9,
-    ("2.7b", "mamba_chunk_scan", 63): 31.6,
-    ("2.7b", "paper_ref_tree_scan", 15): 45.7, ("2.7b", "paper_ref_tree_scan", 31): 45.7,
-    ("2.7b", "paper_ref_tree_scan", 63): 48.4,
-    ("2.7b", "unrolled_paths", 15): 94.8, ("2.7b", "unrolled_paths", 31): 176.0,
-    ("2.7b", "unrolled_paths", 63): 332.0,
-    ("2.7b", "mamba_state_update", 1): 7.6,
-    ("130m", "mamba_chunk_scan", 15): 20.9, ("130m", "mamba_chunk_scan", 31): 21.8,
-    ("130m", "mamba_chunk_scan", 63): 22.9,
-    ("130m", "paper_ref_tree_scan", 15): 25.3, ("130m", "paper_ref_tree_scan", 31): 25.5,
-    ("130m", "paper_ref_tree_scan", 63): 26.8,
-    ("130m", "unrolled_paths", 15): 37.2, ("130m", "unrolled_paths", 31): 61.9,
-    ("130m", "unrolled_paths", 63): 114.0,
-    ("130m", "mamba_state_update", 1): 6.7,
+    **{(shape, impl, n): us for (shape, impl), row in _TREE_ANCHORS_US.items()
+       for n, us in zip(_TREE_ANCHOR_NODES, row)},
+    ("2.7b", "mamba_state_update", 1): 7.6, ("130m", "mamba_state_update", 1): 6.7,
 }
 MODEL_ANCHORS_MS = {  # full forward of L tokens, graphed (mamba_ssm), and the AR decode step
     ("2.7b", 1): 4.96, ("2.7b", 16): 5.34, ("2.7b", 64): 5.67, ("2.7b", 128): 6.40, ("2.7b", "decode"): 4.69,

@@ -9,16 +9,15 @@ decode and our plain decoding, both measured in the same run. Greedy output must
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from stree.drafter_service.drafters.oracle import OracleDrafter
+from stree.bench.common import add_device_args, device_and_dtype, record_meta, save_record
 from stree.bench.kernels import LAYER_SHAPES, mamba_ssm_decode_ms
 
 from stree.verifier.model.checkpoint import random_init_
@@ -93,8 +92,7 @@ def timed_generate(model, prompt, drafter, new_tokens: int, repeats: int) -> dic
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    device, dtype = device_and_dtype(args)
     shape = SHAPES[args.shape]
     t0 = time.perf_counter()
     model = make_target(args.shape, device, dtype)
@@ -135,15 +133,12 @@ def run(args) -> int:
                          speedup_vs_plain=tps / plain_tps, speedup_vs_mamba_ssm=tps / ref_tps if ref_tps else None,
                          host_us_p50=res.get("host_us_p50"),
                          steps=res["steps"], output_equals_plain_greedy=out == continuation[:n]))
-    record = {"benchmark": "oracle", "date": date.today().isoformat(),
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "command": "stree " + " ".join(sys.argv[1:]), "shape": args.shape, **shape, "dtype": args.dtype,
+    record = {**record_meta("oracle", device), "shape": args.shape, **shape, "dtype": args.dtype,
               "prompt_len": args.prompt_len, "new_tokens": n, "repeats": args.repeats,
               "torch": torch.__version__, "rows": rows}
     print_table(record)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2))
+        save_record(args.out, record)
         plot(record, Path(args.out).with_suffix(".png"))
     return 0
 
@@ -197,8 +192,7 @@ def add_parser(sub) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    add_device_args(p, "bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-mamba-ssm", action="store_true", help="skip the mamba_ssm baseline")
     p.add_argument("--out", default=None, help="write the JSON record here")

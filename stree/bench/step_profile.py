@@ -9,11 +9,11 @@ graphed cost of one draft-model step, one draft tree pass, one target step and o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+from stree.bench.common import add_pair_args, save_record
 from stree.bench.kernels import graphed_us
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
@@ -182,14 +182,13 @@ def run(args) -> int:
     component_breakdown(target, draft, b, record)
     print(json.dumps({k: v for k, v in record.items() if k != "kernels"}, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=2))
+        save_record(args.out, record)
     return 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("step-profile", help="kernels and GPU time per phase of a speculative step (GPU only)")
-    p.add_argument("--target", default="checkpoints/demo-target")
-    p.add_argument("--draft", default="checkpoints/demo-draft")
+    add_pair_args(p)
     p.add_argument("--shapes", nargs="+", default=["none", "chain:4", "beam:5x3"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32")

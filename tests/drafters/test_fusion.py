@@ -15,7 +15,7 @@ from stree.drafter_service.drafters.fusion.fusion import FusionDrafter, merge_tr
 from stree.drafter_service.drafters.ngram import NgramDrafter
 from stree.drafter_service.drafters.retrieval.drafter import RetrievalDrafter
 from stree.protocols import ContextSession
-from drafter_checks import assert_valid_draft, budgets
+from drafter_checks import assert_valid_draft, budgets, drafts_after_commits
 
 GREEDY = SamplingParams()
 WIDE = DraftBudget(max_nodes=64, max_depth=8, max_width=8)
@@ -165,13 +165,7 @@ def test_property_fusion_of_any_two(pair, prompt, steps, budget):
     """Fused drafts are valid in-budget trees, made only of paths some sub-drafter drafted, after any commits."""
     subs = [DRAFTERS[name]() for name in pair]
     session = FusionDrafter(subs).open(prompt, GREEDY)
-    context = list(prompt)
-    for step in [[]] + steps:
-        session.commit(step)
-        context += step
-        tree = session.draft(budget)
-        assert_valid_draft(tree, context, budget)
+    for tree, context in drafts_after_commits(session, prompt, steps, budget):
         fresh = [d.open(context, GREEDY).draft(budget) for d in subs]
         assert paths(tree) <= set().union(*(paths(t) for t in fresh))
         assert tree.tokens.tolist() == merge_trees(fresh, budget).tokens.tolist()
-    session.close()

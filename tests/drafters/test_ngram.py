@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from stree import DraftBudget, SamplingParams, create_drafter
 from stree.drafter_service.drafters.ngram import NgramDrafter
-from drafter_checks import assert_valid_draft, budgets, occurs_in
+from drafter_checks import assert_valid_draft, budgets, drafts_after_commits, occurs_in
 
 GREEDY = SamplingParams()
 
@@ -89,16 +89,10 @@ def test_property_valid_trees_and_incremental_index(prompt, steps, budget, min_n
     tokens one step at a time drafts exactly what a fresh session on the whole context drafts."""
     drafter = NgramDrafter(min_ngram=min_n, max_ngram=min_n + extra_n, max_branches=branches)
     session = drafter.open(prompt, GREEDY)
-    context = list(prompt)
-    for step in [[]] + steps:
-        session.commit(step)
-        context += step
-        tree = session.draft(budget)
-        assert_valid_draft(tree, context, budget)
+    for tree, context in drafts_after_commits(session, prompt, steps, budget):
         for node in range(1, tree.num_nodes):
             path = tree.path_tokens(node)  # root token, then the drafted continuation
             assert occurs_in(path, context, before=len(context) - 1)
         fresh = drafter.open(context, GREEDY).draft(budget)
         assert fresh.tokens.tolist() == tree.tokens.tolist()
         assert fresh.parents.tolist() == tree.parents.tolist()
-    session.close()

@@ -72,25 +72,30 @@ def _ckpt(tmp_path, name="m"):
     return init_model(tmp_path / name, d_model=16, n_layer=1, vocab_size=32, d_state=8, headdim=8)
 
 
-def test_missing_and_unreadable_files_name_the_file(tmp_path):
+def test_missing_checkpoint_dir_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(tmp_path / "nowhere")
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "damage, error, message",
+    [
+        (lambda d: (d / "config.json").write_text("{not json"), ValueError, r"config\.json: not valid JSON"),
+        (lambda d: (d / "model.safetensors").unlink(), FileNotFoundError,
+         "no model.safetensors, model.safetensors.index.json or pytorch_model.bin"),
+        (lambda d: _truncate(d / "model.safetensors"), ValueError, r"model\.safetensors: cannot read"),
+        (lambda d: (d / "config.json").unlink(), FileNotFoundError, "no config.json"),
+    ],
+)
+def test_missing_and_unreadable_files_name_the_file(tmp_path, damage, error, message):
     d = _ckpt(tmp_path)
-    (d / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
-        load_model(d)
-    d = _ckpt(tmp_path, "w")
-    (d / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="no model.safetensors, model.safetensors.index.json or pytorch_model.bin"):
-        load_model(d)
-    d = _ckpt(tmp_path, "c")
-    data = (d / "model.safetensors").read_bytes()
-    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"model\.safetensors: cannot read"):
-        load_model(d)
-    d = _ckpt(tmp_path, "n")
-    (d / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    damage(d)
+    with pytest.raises(error, match=message):
         load_model(d)
 
 

@@ -39,6 +39,16 @@ CATCH_UP = 16
 """Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass."""
 
 
+def take_until_stop(tokens: Sequence[int], room: int, stop_token_ids) -> tuple[list[int], bool]:
+    """The first ``room`` of ``tokens``, cut after the first stop token; and whether a stop token ended it."""
+    out = []
+    for tok in tokens[:room]:
+        out.append(tok)
+        if tok in stop_token_ids:
+            return out, True
+    return out, False
+
+
 @dataclass
 class Request:
     """One generation in the engine: its prompt and limits, and what it has emitted so far."""
@@ -76,13 +86,9 @@ class Request:
 
     def _emit(self, tokens: list[int]) -> list[int]:
         """Append up to the limit or through a stop token; returns what was appended."""
-        room = self.max_new_tokens - len(self.output)
-        out = []
-        for tok in tokens[:room]:
-            out.append(tok)
-            if tok in self.stop_token_ids:
-                self.finish_reason = "stop"
-                break
+        out, stopped = take_until_stop(tokens, self.max_new_tokens - len(self.output), self.stop_token_ids)
+        if stopped:
+            self.finish_reason = "stop"
         self.output.extend(out)
         if tokens:
             self.root_token = tokens[-1]

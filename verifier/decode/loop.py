@@ -20,7 +20,7 @@ from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 from stree.protocols.validate import tree_problem
 
-from stree.verifier.decode.engine import DeadSession, Engine, Request
+from stree.verifier.decode.engine import DeadSession, Engine, Request, take_until_stop
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.decode.verify import verify_tree
 
@@ -141,15 +141,9 @@ class DecodeSession:
 
     def _emit(self, new: list[int]) -> list[int]:
         """Append ``new`` to the output up to the token limit or a stop token; sets ``done``."""
-        room = self.max_new_tokens - len(self.output)
-        emitted = []
-        for tok in new[:room]:
-            emitted.append(tok)
-            if tok in self.stop_token_ids:
-                self.done = True
-                break
+        emitted, stopped = take_until_stop(new, self.max_new_tokens - len(self.output), self.stop_token_ids)
         self.output.extend(emitted)
-        if len(self.output) >= self.max_new_tokens:
+        if stopped or len(self.output) >= self.max_new_tokens:
             self.done = True
         return emitted
 

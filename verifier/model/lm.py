@@ -242,18 +242,22 @@ class StreeLM(nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
 
+    def _cached_mixes(self, state: LMState, mode: str) -> list:
+        """Per layer, ``h -> y`` through its mixer's ``mode`` ("prefill" or "step") on the layer's state;
+        attention also gets the tokens already in the state, token mixers (MLPs) take ``h`` alone."""
+        seqlen = state.seqlen
+        return [
+            b.mixer if b.kind == "token"
+            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen)) if b.is_attention
+            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s))
+            for b, s in zip(self.backbone.layers, state.layers)
+        ]
+
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, state: LMState, return_hidden: bool = False):
         """Feed ``[B, T]`` tokens after the state's; returns their logits ``[B, T, V]`` (and hidden ``[B, T, d]``)."""
         self._check_ids(input_ids)
-        seqlen = state.seqlen
-        mixes = [
-            b.mixer if b.kind == "token"
-            else (lambda h, b=b, s=s: b.mixer.prefill(h, s, seqlen)) if b.is_attention
-            else (lambda h, b=b, s=s: b.mixer.prefill(h, s))
-            for b, s in zip(self.backbone.layers, state.layers)
-        ]
-        out = self._run(input_ids, mixes, return_hidden=return_hidden)
+        out = self._run(input_ids, self._cached_mixes(state, "prefill"), return_hidden=return_hidden)
         state.seqlen += input_ids.shape[1]
         return out
 
@@ -264,14 +268,7 @@ class StreeLM(nn.Module):
 
         With ``return_hidden`` it returns ``(logits, hidden [B, d])``, the final-norm hidden states.
         """
-        seqlen = state.seqlen
-        mixes = [
-            b.mixer if b.kind == "token"
-            else (lambda h, b=b, s=s: b.mixer.step(h, s, seqlen)) if b.is_attention
-            else (lambda h, b=b, s=s: b.mixer.step(h, s))
-            for b, s in zip(self.backbone.layers, state.layers)
-        ]
-        out = self._run(input_ids, mixes, head, return_hidden)
+        out = self._run(input_ids, self._cached_mixes(state, "step"), head, return_hidden)
         state.seqlen += 1
         return out
 

@@ -20,6 +20,19 @@ def rename(sd: dict, rules: list[tuple[str, str]]) -> dict:
     return out
 
 
+def mamba_layer_rules(final_norm: str, norm2: str) -> list[tuple[str, str]]:
+    """``rename`` rules for a ``model.layers.{i}`` stack of ``input_layernorm`` + ``mamba``/``self_attn``
+    mixer + ``norm2``-named norm (Bamba, GraniteMoeHybrid): embedding, the ``final_norm``, norms, mixers."""
+    return [
+        (r"^model\.embed_tokens\.", "backbone.embedding."),
+        (rf"^model\.{final_norm}\.", "backbone.norm_f."),
+        (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
+        (rf"^model\.layers\.(\d+)\.{norm2}\.", r"backbone.layers.\1.norm2."),
+        (r"^model\.layers\.(\d+)\.mamba\.", r"backbone.layers.\1.mixer."),
+        (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.self_attn."),
+    ]
+
+
 def fuse(sd: dict, parts: list[str], target: str) -> None:
     """Concatenate ``parts`` (full names, in order) along dim 0 into ``target``, in place, when all are present."""
     if all(p in sd for p in parts):

@@ -1,0 +1,65 @@
+"""Pieces the ``stree bench`` commands share: a CUDA sync for host timers, the JSON record's header
+and writer, the ``--device``/``--dtype`` flags, and the ``--target``/``--draft`` checkpoint flags of
+the commands that run the trained demo pair."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+
+DEMO_TARGET = "checkpoints/demo-target"
+DEMO_DRAFT = "checkpoints/demo-draft"
+
+
+def cuda_sync() -> None:
+    """Wait for queued GPU work (no-op without CUDA), so host timers measure finished work."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def add_device_args(p, dtype: str) -> None:
+    """``--device`` (default: CUDA when there is one) and ``--dtype`` (bfloat16 or float32, default ``dtype``)."""
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", choices=list(DTYPES), default=dtype)
+
+
+def device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
+    """The torch device and dtype that ``--device`` and ``--dtype`` name."""
+    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")), DTYPES[args.dtype]
+
+
+def record_meta(benchmark: str, device: torch.device) -> dict:
+    """The fields every benchmark record starts with: its name, the date, the device's name, the command."""
+    return {"benchmark": benchmark, "date": date.today().isoformat(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "command": "stree " + " ".join(sys.argv[1:])}
+
+
+def save_record(path: str, record: dict) -> None:
+    """Write ``record`` as indented JSON to ``path``, creating its folder."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2))
+
+
+def report(record: dict, out: str | None, header: str, line) -> int:
+    """Print ``header`` and ``line(row)`` for every row of ``record``, then write ``record`` to ``out``
+    (when given); the command's exit status, 0."""
+    print(header)
+    for r in record["rows"]:
+        print(line(r))
+    if out:
+        save_record(out, record)
+    return 0
+
+
+def add_pair_args(p) -> None:
+    """``--target`` and ``--draft``: checkpoint folders, the trained demo pair by default."""
+    p.add_argument("--target", default=DEMO_TARGET)
+    p.add_argument("--draft", default=DEMO_DRAFT)
