@@ -204,3 +204,24 @@ def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
     kinds = {"none": "none", "tree": "chain:2"}
     launched = collections.Counter(kinds[k] for k in runs if k in kinds)
     assert steps == {s: launched[s] - 1 for s in ("none", "chain:2")}
+
+
+def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
+    """warm_up (called by the server at start) runs each shape greedy and sampled plus the drafter's
+    catch-up, so each CUDA graph is captured before any request; then statistics start empty and
+    generation is still exact. On the CPU there are no graphs, so the engine is told it has them."""
+    model, draft = models["hybrid"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2", "beam:2x2"], max_batch=2, max_seqlen=96,
+                    goodput=True)
+    assert engine.warm_up() == 0  # no CUDA graphs: nothing to do
+    engine.cuda_graphs = True  # capture fails on the CPU and the engine falls back to eager steps
+    keys = set()
+    run = engine._run
+    engine._run = lambda key: (keys.add(key[:1] + tuple(k for k in key[1:] if isinstance(k, bool))), run(key))
+    engine.warm_up()
+    assert keys == {("none", False), ("none", True), ("tree", False), ("tree", True), ("catch_up",)}
+    assert all(row["steps"] == 0 for row in engine.goodput.table()) and not engine.metrics
+    assert engine.num_running == 0 and not engine.has_work
+    prompts = [[5, 9, 13], [2]]
+    reqs = engine.run([Request(p, max_new_tokens=20) for p in prompts])
+    assert [r.output for r in reqs] == [_reference(model, p, 20) for p in prompts]

@@ -187,6 +187,7 @@ class Engine:
         self.metrics = collections.Counter()
         self.step_host_s: list[float] = []
         self.captured = False  # set by a step that captured a graph (cleared at each launch)
+        self.forced_shape: Optional[TreeShape] = None  # warm_up runs each shape in turn
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -479,6 +480,8 @@ class Engine:
             self._sync_idle()
 
     def _choose(self) -> TreeShape:
+        if self.forced_shape is not None:
+            return self.forced_shape
         if self.host:
             return self.shapes[-1]
         if self.goodput is not None:
@@ -652,6 +655,29 @@ class Engine:
             req.drafter_session = DeadSession()
 
     # ----- whole runs ---------------------------------------------------------------------------------
+    def warm_up(self) -> int:
+        """Capture every step graph now (greedy and sampled, each shape, and the drafter's catch-up) with
+        short throw-away generations, so that no request waits on a capture; returns the graphs held.
+
+        Does nothing without CUDA graphs, or for host drafters (their trees come with each request).
+        Goodput statistics and step metrics start afresh afterwards.
+        """
+        if not self.cuda_graphs or self.host or self.has_work:
+            return len(self.graphs)
+        prompt = [0, 0]
+        try:
+            for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+                for shape in self.shapes:  # plain first, so a lazy drafter's catch-up runs too
+                    self.forced_shape = shape
+                    self.run([Request(list(prompt), max_new_tokens=2 * (self.max_nodes + 1), params=params)])
+        finally:
+            self.forced_shape = None
+        if self.goodput is not None:
+            self.goodput = GoodputController(self.shapes)
+        self.metrics.clear()
+        self.step_host_s.clear()
+        return len(self.graphs)
+
     def run(self, requests: Sequence[Request]) -> list[Request]:
         """Add ``requests`` and step until all of them are done."""
         for r in requests:

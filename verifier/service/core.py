@@ -106,6 +106,7 @@ class ServingCore:
         # one EOS id or several (generation_config.json may list many)
         self.eos_ids = [] if eos_id is None else ([int(eos_id)] if isinstance(eos_id, int) else [int(e) for e in eos_id])
         self.engine, self.device_drafter_name = self._engine(cuda_graphs)
+        self.engine.warm_up()  # every step graph captured before the first request (CUDA only)
         self.scheduler = Scheduler(self.engine, limits.max_waiting)
         self.executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="stree-prepare")
         self._ids = itertools.count(1)
