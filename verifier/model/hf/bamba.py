@@ -5,11 +5,9 @@ The layout is mamba_ssm's (norm, mixer, norm2, gated MLP), so it maps onto ``Mod
 
 from __future__ import annotations
 
-import math
-
-from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import refuse_unless, rope_settings, hf_norm_fields
-from stree.verifier.model.hf.weights import fuse_attention, fuse_swiglu, layer_indices, rename
+from stree.verifier.model.config import ModelConfig, require_silu
+from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless, rope_settings
+from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
 
 MODEL_TYPE = "bamba"
 CLASS_NAME = "BambaForCausalLM"
@@ -29,49 +27,22 @@ def config(data: dict) -> ModelConfig:
         raise ValueError(f"config: mamba_n_heads*mamba_d_head {n_heads * d_head} != mamba_expand*hidden_size")
     rotary_dim, base = rope_settings(data, head_dim, default_partial=0.5)
     eps = float(data.get("rms_norm_eps", 1e-5))
-    attn_bias = bool(data.get("attention_bias", False))
     return ModelConfig(
         d_model=d_model,
         d_intermediate=int(data["intermediate_size"]),
         mlp_multiple=1,
         n_layer=int(data["num_hidden_layers"]),
         vocab_size=int(data["vocab_size"]),
-        ssm_cfg={
-            "d_state": int(data.get("mamba_d_state", 256)),
-            "d_conv": int(data.get("mamba_d_conv", 4)),
-            "expand": expand,
-            "headdim": d_head,
-            "ngroups": int(data.get("mamba_n_groups", 1)),
-            "bias": bool(data.get("mamba_proj_bias", False)),
-            "conv_bias": bool(data.get("mamba_conv_bias", True)),
-            "dt_limit": [_json_float(x) for x in (data.get("time_step_limit") or [0.0, math.inf])],
-            "chunk_size": int(data.get("mamba_chunk_size", 256)),
-            "norm_eps": eps,
-        },
+        ssm_cfg=mamba_ssm_cfg(data, expand, d_head, eps),
         attn_layer_idx=list(data.get("attn_layer_indices") or []),
-        attn_cfg={
-            "num_heads": heads,
-            "num_heads_kv": int(data.get("num_key_value_heads") or heads),
-            "head_dim": head_dim,
-            "qkv_proj_bias": attn_bias,
-            "out_proj_bias": attn_bias,
-            "rotary_emb_dim": rotary_dim,
-            "rotary_emb_base": base,
-        },
+        attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base),
         **hf_norm_fields(data, eps),
     )
 
 
-def weights(sd: dict) -> dict:
-    sd = rename(sd, [
-        (r"^model\.embed_tokens\.", "backbone.embedding."),
-        (r"^model\.final_layernorm\.", "backbone.norm_f."),
-        (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
-        (r"^model\.layers\.(\d+)\.pre_ff_layernorm\.", r"backbone.layers.\1.norm2."),
-        (r"^model\.layers\.(\d+)\.mamba\.", r"backbone.layers.\1.mixer."),
-        (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.self_attn."),
-        (r"^model\.layers\.(\d+)\.feed_forward\.", r"backbone.layers.\1.feed_forward."),
-    ])
+def weights(sd: dict, data: dict) -> dict:
+    sd = rename(sd, decoder_rules("final_layernorm", "pre_ff_layernorm",
+                                  {"mamba": "mixer", "self_attn": "self_attn", "feed_forward": "feed_forward"}))
     for i in layer_indices(sd, "backbone.layers"):
         fuse_attention(sd, f"backbone.layers.{i}.self_attn", f"backbone.layers.{i}.mixer")
         fuse_swiglu(sd, f"backbone.layers.{i}.feed_forward", f"backbone.layers.{i}.mlp")

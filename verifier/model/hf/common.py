@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+from stree.verifier.model.config import _json_float
+
 
 def refuse_unless(data: dict, key: str, allowed) -> None:
     """Raise a ValueError naming ``key`` when its value (if present) differs from ``allowed``."""
@@ -28,3 +32,23 @@ def hf_norm_fields(data: dict, eps: float) -> dict:
     dtype (as transformers keeps it), the real vocabulary (no padding), tied or untied embeddings."""
     return dict(rms_norm=True, residual_in_fp32=False, pad_vocab_size_multiple=1,
                 tie_embeddings=bool(data.get("tie_word_embeddings", False)), norm_epsilon=eps)
+
+
+def gqa_attn_cfg(data: dict, head_dim: int, rotary_dim: int, base: float, **extra) -> dict:
+    """``attn_cfg`` for transformers' GQA attention: heads and KV heads, q/k/v/o biases from ``attention_bias``, RoPE."""
+    heads = int(data["num_attention_heads"])
+    bias = bool(data.get("attention_bias", False))
+    return {"num_heads": heads, "num_heads_kv": int(data.get("num_key_value_heads") or heads), "head_dim": head_dim,
+            "qkv_proj_bias": bias, "out_proj_bias": bias, "rotary_emb_dim": rotary_dim, "rotary_emb_base": base,
+            **extra}
+
+
+def mamba_ssm_cfg(data: dict, expand, d_head: int, eps: float, **extra) -> dict:
+    """``ssm_cfg`` from the ``mamba_*`` fields Bamba, GraniteMoeHybrid and Falcon-H1 share (with their defaults)."""
+    return {
+        "d_state": int(data.get("mamba_d_state", 256)), "d_conv": int(data.get("mamba_d_conv", 4)),
+        "expand": expand, "headdim": d_head, "ngroups": int(data.get("mamba_n_groups", 1)),
+        "bias": bool(data.get("mamba_proj_bias", False)), "conv_bias": bool(data.get("mamba_conv_bias", True)),
+        "dt_limit": [_json_float(x) for x in (data.get("time_step_limit") or [0.0, math.inf])],
+        "chunk_size": int(data.get("mamba_chunk_size", 256)), "norm_eps": eps, **extra,
+    }

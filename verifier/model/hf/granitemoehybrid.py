@@ -6,11 +6,9 @@ attention (softmax scale) and logits multipliers come from the config.
 
 from __future__ import annotations
 
-import math
-
-from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import rope_settings, hf_norm_fields
-from stree.verifier.model.hf.weights import fuse_attention, layer_indices, rename, stack_experts
+from stree.verifier.model.config import ModelConfig, require_silu
+from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, rope_settings
+from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "granitemoehybrid"
 CLASS_NAME = "GraniteMoeHybridForCausalLM"
@@ -39,24 +37,14 @@ def config(data: dict) -> ModelConfig:
     if d_head * n_heads != expand * d_model:
         raise ValueError(f"config: mamba_n_heads*mamba_d_head {n_heads * d_head} != mamba_expand*hidden_size")
     eps = float(data.get("rms_norm_eps", 1e-6))
-    attn_bias = bool(data.get("attention_bias", False))
     return ModelConfig(
         d_model=d_model,
         n_layer=len(kinds),
         vocab_size=int(data["vocab_size"]),
-        ssm_cfg={
-            "d_state": int(data.get("mamba_d_state", 256)), "d_conv": int(data.get("mamba_d_conv", 4)),
-            "expand": expand, "headdim": d_head, "ngroups": int(data.get("mamba_n_groups", 1)),
-            "bias": bool(data.get("mamba_proj_bias", False)), "conv_bias": bool(data.get("mamba_conv_bias", True)),
-            "dt_limit": [_json_float(x) for x in (data.get("time_step_limit") or [0.0, math.inf])],
-            "chunk_size": int(data.get("mamba_chunk_size", 256)), "norm_eps": eps,
-        },
+        ssm_cfg=mamba_ssm_cfg(data, expand, d_head, eps),
         attn_layer_idx=[i for i, k in enumerate(kinds) if k == "attention"],
-        attn_cfg={
-            "num_heads": heads, "num_heads_kv": int(data.get("num_key_value_heads") or heads), "head_dim": head_dim,
-            "qkv_proj_bias": attn_bias, "out_proj_bias": attn_bias, "rotary_emb_dim": rotary_dim,
-            "rotary_emb_base": base, "softmax_scale": float(data.get("attention_multiplier", 1.0)),
-        },
+        attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base,
+                              softmax_scale=float(data.get("attention_multiplier", 1.0))),
         moe_mlp={
             "n_experts": int(data.get("num_local_experts") or 0), "top_k": int(data.get("num_experts_per_tok", 2)),
             "hidden": int(data["intermediate_size"]), "shared_hidden": int(data["shared_intermediate_size"]),
@@ -68,14 +56,8 @@ def config(data: dict) -> ModelConfig:
     )
 
 
-def weights(sd: dict) -> dict:
-    sd = rename(sd, [
-        (r"^model\.embed_tokens\.", "backbone.embedding."),
-        (r"^model\.norm\.", "backbone.norm_f."),
-        (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
-        (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"backbone.layers.\1.norm2."),
-        (r"^model\.layers\.(\d+)\.mamba\.", r"backbone.layers.\1.mixer."),
-        (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.self_attn."),
+def weights(sd: dict, data: dict) -> dict:
+    sd = rename(sd, decoder_rules("norm", "post_attention_layernorm", {"mamba": "mixer", "self_attn": "self_attn"}) + [
         (r"^model\.layers\.(\d+)\.shared_mlp\.input_linear\.", r"backbone.layers.\1.mlp.shared_in."),
         (r"^model\.layers\.(\d+)\.shared_mlp\.output_linear\.", r"backbone.layers.\1.mlp.shared_out."),
         (r"^model\.layers\.(\d+)\.block_sparse_moe\.router\.(layer\.)?", r"backbone.layers.\1.mlp.router."),

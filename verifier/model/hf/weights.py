@@ -20,6 +20,18 @@ def rename(sd: dict, rules: list[tuple[str, str]]) -> dict:
     return out
 
 
+def decoder_rules(final_norm: str, norm2: str, sublayers: dict[str, str]) -> list[tuple[str, str]]:
+    """``rename`` rules for a transformers decoder (``model.embed_tokens``, ``model.{final_norm}``, per layer
+    ``input_layernorm`` and ``{norm2}``), with each layer's ``{src}.`` sub-module moved to ``{dst}.``."""
+    layer = r"^model\.layers\.(\d+)\."
+    return [
+        (r"^model\.embed_tokens\.", "backbone.embedding."),
+        (rf"^model\.{final_norm}\.", "backbone.norm_f."),
+        (layer + r"input_layernorm\.", r"backbone.layers.\1.norm."),
+        (layer + rf"{norm2}\.", r"backbone.layers.\1.norm2."),
+    ] + [(layer + re.escape(src) + r"\.", rf"backbone.layers.\1.{dst}.") for src, dst in sublayers.items()]
+
+
 def fuse(sd: dict, parts: list[str], target: str) -> None:
     """Concatenate ``parts`` (full names, in order) along dim 0 into ``target``, in place, when all are present."""
     if all(p in sd for p in parts):
