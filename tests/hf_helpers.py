@@ -95,9 +95,20 @@ def _granite(**over):
     return _build("GraniteMoeHybrid", {**kw, **over}, routing=("experts", "router"))
 
 
-BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite}
+def _falcon_h1(**over):
+    """Mamba SSM width 1.5x hidden, grouped gated norm and every muP multiplier away from 1."""
+    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_state=8, mamba_n_groups=2,
+              mamba_chunk_size=16, mamba_rms_norm=True, rms_norm_eps=1e-2, embedding_multiplier=2.0,
+              lm_head_multiplier=0.5, mlp_multipliers=[0.7, 1.3], key_multiplier=1.5, attention_in_multiplier=0.8,
+              attention_out_multiplier=1.2, ssm_multipliers=[0.9, 1.1, 0.6, 1.4, 0.5], ssm_in_multiplier=1.3,
+              ssm_out_multiplier=0.7)
+    return _build("FalconH1", {**kw, **over})
+
+
+BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1}
 DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"]),
-          "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"])}
+          "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"]), "falcon_h1": dict(num_hidden_layers=1)}
 
 
 

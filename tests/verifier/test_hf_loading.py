@@ -133,7 +133,12 @@ def _config_dict(cls_name: str, **kw) -> dict:
     ("GraniteMoeHybridConfig", {}, {"position_embedding_type": "alibi"}, "position_embedding_type='alibi'"),
     ("GraniteMoeHybridConfig", {}, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("BambaConfig", {}, {"mamba_d_head": 7}, "mamba_n_heads\\*mamba_d_head"),
-    ("FalconH1Config", {}, {"architectures": ["FalconH1ForCausalLM"]}, "FalconH1ForCausalLM is not supported"),
+    ("FalconH1Config", {}, {"mlp_bias": True}, "mlp_bias=True"),
+    ("FalconH1Config", {}, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("FalconH1Config", {}, {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+    ("FalconH1Config", {}, {"mamba_d_head": 7}, "mamba_n_heads\\*mamba_d_head"),
+    ("FalconH1Config", {}, {"ssm_multipliers": [1.0, 2.0]}, "ssm_multipliers=\\[1.0, 2.0\\] must hold 5"),
+    ("FalconH1Config", {}, {"mlp_multipliers": [1.0]}, "mlp_multipliers=\\[1.0\\] must hold 2"),
     ("Zamba2Config", {}, {"architectures": ["Zamba2ForCausalLM"]}, "Zamba2ForCausalLM is not supported"),
     ("JambaConfig", {}, {"architectures": ["JambaForCausalLM"]}, "JambaForCausalLM is not supported"),
 ])
@@ -150,3 +155,31 @@ def test_granite_without_experts_runs_the_shared_mlp_alone(tmp_path):
 
     hf = BUILDERS["granitemoehybrid"](num_local_experts=0, num_hidden_layers=2, layer_types=["mamba", "attention"])
     check_scores(load_model(save_tiny(hf, tmp_path)), hf, V)
+
+
+@pytest.mark.parametrize("over", [
+    dict(mamba_rms_norm=False),  # transformers' default: y * silu(z), no gated norm
+    dict(mamba_norm_before_gate=False),
+    dict(projectors_bias=True, attention_bias=True),  # Mamba out_proj has a bias, in_proj none
+    dict(mamba_proj_bias=True, mamba_d_ssm=None, mamba_n_heads=8, head_dim=16, tie_word_embeddings=True),
+])
+def test_falcon_h1_variants_match_transformers(tmp_path, over):
+    from hf_helpers import BUILDERS, check_scores
+
+    hf = BUILDERS["falcon_h1"](**over)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.2)
+    check_scores(load_model(save_tiny(hf, tmp_path)), hf, V)
+
+
+def test_falcon_h1_round_trips_through_save_model(tmp_path):
+    from hf_helpers import BUILDERS
+    from stree.verifier.model.checkpoint import save_model
+
+    model = load_model(save_tiny(BUILDERS["falcon_h1"](num_hidden_layers=1), tmp_path / "hf"))
+    again = load_model(save_model(model, tmp_path / "stree"))
+    assert again.config.to_dict() == model.config.to_dict() and again.config.parallel_mamba
+    ids = torch.randint(0, V, (1, 9))
+    torch.testing.assert_close(again(ids), model(ids), rtol=0, atol=0)

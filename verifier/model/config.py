@@ -87,6 +87,7 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0  # scales each mixer / MLP output before the residual add
     logits_scaling: float = 1.0  # logits are divided by this
+    parallel_mamba: bool = False  # every attention layer also runs a Mamba2 mixer on its input; outputs summed
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple", "mlp_multiple"):
@@ -115,6 +116,8 @@ class ModelConfig:
             raise ValueError(f"config: {self.nheads} heads do not split into {ssm['ngroups']} groups")
         if ssm["d_conv"] < 1:
             raise ValueError("config: ssm_cfg.d_conv must be >= 1")
+        if self.parallel_mamba and not self.attn_layer_idx:
+            raise ValueError("config: parallel_mamba needs attention layers (attn_layer_idx) to run beside")
         if self.attn_layer_idx:
             attn = self.attn
             if attn["d_conv"]:
@@ -132,7 +135,9 @@ class ModelConfig:
         unknown = set(cfg) - set(SSM_DEFAULTS)
         if unknown:
             raise ValueError(f"config: unknown ssm_cfg keys {sorted(unknown)}")
-        d_inner = cfg["expand"] * self.d_model
+        d_inner = round(cfg["expand"] * self.d_model)  # expand may be fractional (Falcon-H1's mamba_d_ssm)
+        if abs(d_inner - cfg["expand"] * self.d_model) > 1e-6:
+            raise ValueError(f"config: ssm_cfg.expand {cfg['expand']} times d_model {self.d_model} is not an integer")
         cfg["d_inner"] = d_inner
         cfg["d_ssm"] = d_inner if cfg["d_ssm"] is None else cfg["d_ssm"]
         cfg["dt_limit"] = [_json_float(x) for x in cfg["dt_limit"]]
@@ -170,9 +175,10 @@ class ModelConfig:
         return layer in self.attn_layer_idx
 
     def layer_kind(self, layer: int) -> str:
-        """'attn', 'token' (a per-token MLP/MoE in the mixer slot) or 'mamba'."""
+        """'attn', 'parallel' (attention and Mamba2 side by side), 'token' (a per-token MLP/MoE in the mixer
+        slot) or 'mamba'."""
         if layer in self.attn_layer_idx:
-            return "attn"
+            return "parallel" if self.parallel_mamba else "attn"
         return "token" if layer in self.layer_mixers else "mamba"
 
     # ----- (de)serialisation ----------------------------------------------------------------
@@ -233,7 +239,7 @@ class ModelConfig:
         if out["mlp_multiple"] == 128:  # mamba_ssm's own rounding: keep its config format unchanged
             out.pop("mlp_multiple")
         for key, default in (("layer_mixers", {}), ("moe_mlp", {}), ("embedding_multiplier", 1.0),
-                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0)):
+                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0), ("parallel_mamba", False)):
             if out[key] == default:  # HF-family options stay out of mamba_ssm-format configs
                 out.pop(key)
         ssm = dict(out["ssm_cfg"])

@@ -18,9 +18,10 @@ from stree.kernels.backend import capturing
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
-from stree.verifier.model.attention import AttnLayerState, Attention
+from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaLayerState
+from stree.verifier.model.mamba2_mixer import Mamba2Mixer
+from stree.verifier.model.parallel_mixer import ParallelMixer
 from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
 
 
@@ -44,15 +45,18 @@ class GatedMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: mixer (Mamba2, attention or a per-token MLP/MoE), then an optional gated MLP."""
+    """Pre-norm residual block: mixer (Mamba2, attention, both side by side, or a per-token MLP/MoE), then an
+    optional gated MLP."""
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.kind = config.layer_kind(layer_idx)
-        self.is_attention = self.kind == "attn"
+        self.is_attention = self.kind in ("attn", "parallel")  # holds a KV cache; prefill/step take seqlen
         self.norm = _norm(config, config.d_model)
         if self.kind == "token":
             self.mixer = token_mixer(config.d_model, config.layer_mixers[layer_idx])
+        elif self.kind == "parallel":
+            self.mixer = ParallelMixer(config)
         else:
             self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
         if config.moe_mlp:
@@ -96,6 +100,11 @@ class Backbone(nn.Module):
         self.norm_f = _norm(config, config.d_model)
 
 
+def _map_layer(layer, fn):
+    """A layer state of the same type with ``fn`` applied to each of its tensors."""
+    return type(layer)(**{name: fn(t) for name, t in vars(layer).items()})
+
+
 @dataclass
 class LMState:
     """Per-layer recurrent state and KV cache for a batch, plus tokens fed so far (``seqlen``)."""
@@ -106,36 +115,23 @@ class LMState:
     extra: dict = field(default_factory=dict)
 
     def clone(self) -> "LMState":
-        def c(s):
-            if isinstance(s, NoLayerState):
-                return s
-            if isinstance(s, MambaLayerState):
-                return MambaLayerState(s.conv_state.clone(), s.ssm_state.clone())
-            return AttnLayerState(s.k_cache.clone(), s.v_cache.clone())
-
-        return LMState([c(s) for s in self.layers], self.seqlen.clone(), self.max_seqlen)
+        return LMState([_map_layer(s, torch.clone) for s in self.layers], self.seqlen.clone(), self.max_seqlen)
 
     def select(self, index: torch.Tensor) -> "LMState":
         """A new state made of the rows ``index`` (rows may repeat, e.g. to fan out a beam)."""
-        def s_(s):
-            if isinstance(s, NoLayerState):
-                return s
-            if isinstance(s, MambaLayerState):
-                return MambaLayerState(s.conv_state[index].clone(), s.ssm_state[index].clone())
-            return AttnLayerState(s.k_cache[index].clone(), s.v_cache[index].clone())
-
-        return LMState([s_(s) for s in self.layers], self.seqlen[index].clone(), self.max_seqlen)
+        return LMState([_map_layer(s, lambda t: t[index].clone()) for s in self.layers], self.seqlen[index].clone(),
+                       self.max_seqlen)
 
     def assign_row(self, row: int, src: "LMState") -> None:
         """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""
         for dst_layer, src_layer in zip(self.layers, src.layers):
             for name, t in vars(dst_layer).items():
                 s = getattr(src_layer, name)[0]
-                if isinstance(dst_layer, AttnLayerState):
+                if s.shape == t[row].shape:
+                    t[row].copy_(s)
+                else:  # a KV cache with fewer slots than the pool's
                     t[row].zero_()
                     t[row, : s.shape[0]].copy_(s)
-                else:
-                    t[row].copy_(s)
         self.seqlen[row] = src.seqlen[0]
 
     @property
@@ -298,12 +294,18 @@ class StreeLM(nn.Module):
             acts.append(None)
             return b.mixer.tree(h, s, seqlen, depth, anc)
 
+        def parallel_mix(h, b, s):
+            y, a = b.mixer.tree(h, s, seqlen, depth, anc, parents)
+            acts.append(a)
+            return y
+
         def token_mix(h, b):
             acts.append(None)
             return b.mixer(h)
 
         mixes = [
             (lambda h, b=b: token_mix(h, b)) if b.kind == "token"
+            else (lambda h, b=b, s=s: parallel_mix(h, b, s)) if b.kind == "parallel"
             else (lambda h, b=b, s=s: attn_mix(h, b, s)) if b.is_attention
             else (lambda h, b=b, s=s: mamba_mix(h, b, s))
             for b, s in zip(self.backbone.layers, state.layers)
@@ -326,7 +328,9 @@ class StreeLM(nn.Module):
         if not capturing() and bool((path_len < min_len).any()):
             raise ValueError("commit: every path must contain at least the root")
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
-            if block.is_attention:
+            if block.kind == "parallel":
+                block.mixer.commit(s, a, state.seqlen, path, path_len)
+            elif block.is_attention:
                 block.mixer.commit(s, state.seqlen, path, path_len)
             elif block.kind == "mamba":
                 block.mixer.commit(s, a, path, path_len)

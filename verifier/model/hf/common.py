@@ -1,5 +1,4 @@
-"""Config pieces shared by the Hugging Face families: checks that refuse fields whose value would change
-the math, RoPE settings, the Mamba2 ``mamba_*`` fields, and the norm/vocabulary fields."""
+"""Config checks shared by the Hugging Face families: refuse fields whose value would change the math."""
 
 from __future__ import annotations
 
@@ -35,24 +34,21 @@ def hf_norm_fields(data: dict, eps: float) -> dict:
                 tie_embeddings=bool(data.get("tie_word_embeddings", False)), norm_epsilon=eps)
 
 
-def mamba_ssm_cfg(data: dict, d_model: int, eps: float) -> dict:
-    """``ssm_cfg`` from the ``mamba_*`` fields (Bamba, GraniteMoeHybrid); ``mamba_d_head`` "auto" (or none)
-    makes the heads fill ``mamba_expand * hidden_size``, and any other value must fill it exactly."""
-    n_heads = int(data["mamba_n_heads"])
-    expand = int(data.get("mamba_expand", 2))
-    d_head = data.get("mamba_d_head", "auto")
-    d_head = expand * d_model // n_heads if d_head in (None, "auto") else int(d_head)
-    if d_head * n_heads != expand * d_model:
-        raise ValueError(f"config: mamba_n_heads*mamba_d_head {n_heads * d_head} != mamba_expand*hidden_size")
+def gqa_attn_cfg(data: dict, head_dim: int, rotary_dim: int, base: float, **extra) -> dict:
+    """``attn_cfg`` for transformers' GQA attention: heads and KV heads, q/k/v/o biases from ``attention_bias``, RoPE."""
+    heads = int(data["num_attention_heads"])
+    bias = bool(data.get("attention_bias", False))
+    return {"num_heads": heads, "num_heads_kv": int(data.get("num_key_value_heads") or heads), "head_dim": head_dim,
+            "qkv_proj_bias": bias, "out_proj_bias": bias, "rotary_emb_dim": rotary_dim, "rotary_emb_base": base,
+            **extra}
+
+
+def mamba_ssm_cfg(data: dict, expand, d_head: int, eps: float, **extra) -> dict:
+    """``ssm_cfg`` from the ``mamba_*`` fields Bamba, GraniteMoeHybrid and Falcon-H1 share (with their defaults)."""
     return {
-        "d_state": int(data.get("mamba_d_state", 256)),
-        "d_conv": int(data.get("mamba_d_conv", 4)),
-        "expand": expand,
-        "headdim": d_head,
-        "ngroups": int(data.get("mamba_n_groups", 1)),
-        "bias": bool(data.get("mamba_proj_bias", False)),
-        "conv_bias": bool(data.get("mamba_conv_bias", True)),
+        "d_state": int(data.get("mamba_d_state", 256)), "d_conv": int(data.get("mamba_d_conv", 4)),
+        "expand": expand, "headdim": d_head, "ngroups": int(data.get("mamba_n_groups", 1)),
+        "bias": bool(data.get("mamba_proj_bias", False)), "conv_bias": bool(data.get("mamba_conv_bias", True)),
         "dt_limit": [_json_float(x) for x in (data.get("time_step_limit") or [0.0, math.inf])],
-        "chunk_size": int(data.get("mamba_chunk_size", 256)),
-        "norm_eps": eps,
+        "chunk_size": int(data.get("mamba_chunk_size", 256)), "norm_eps": eps, **extra,
     }

@@ -7,8 +7,8 @@ attention (softmax scale) and logits multipliers come from the config.
 from __future__ import annotations
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import hf_norm_fields, mamba_ssm_cfg, rope_settings
-from stree.verifier.model.hf.weights import fuse_attention, layer_indices, mamba_layer_rules, rename, stack_experts
+from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, rope_settings
+from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "granitemoehybrid"
 CLASS_NAME = "GraniteMoeHybridForCausalLM"
@@ -30,20 +30,21 @@ def config(data: dict) -> ModelConfig:
     if pos not in (None, "rope", "nope"):
         raise ValueError(f"config: position_embedding_type={pos!r} is not supported (only 'rope' or none)")
     rotary_dim, base = rope_settings(data, head_dim) if pos == "rope" else (0, 10000.0)
+    n_heads = int(data["mamba_n_heads"])
+    expand = int(data.get("mamba_expand", 2))
+    d_head = data.get("mamba_d_head", "auto")
+    d_head = expand * d_model // n_heads if d_head in (None, "auto") else int(d_head)
+    if d_head * n_heads != expand * d_model:
+        raise ValueError(f"config: mamba_n_heads*mamba_d_head {n_heads * d_head} != mamba_expand*hidden_size")
     eps = float(data.get("rms_norm_eps", 1e-6))
-    ssm_cfg = mamba_ssm_cfg(data, d_model, eps)
-    attn_bias = bool(data.get("attention_bias", False))
     return ModelConfig(
         d_model=d_model,
         n_layer=len(kinds),
         vocab_size=int(data["vocab_size"]),
-        ssm_cfg=ssm_cfg,
+        ssm_cfg=mamba_ssm_cfg(data, expand, d_head, eps),
         attn_layer_idx=[i for i, k in enumerate(kinds) if k == "attention"],
-        attn_cfg={
-            "num_heads": heads, "num_heads_kv": int(data.get("num_key_value_heads") or heads), "head_dim": head_dim,
-            "qkv_proj_bias": attn_bias, "out_proj_bias": attn_bias, "rotary_emb_dim": rotary_dim,
-            "rotary_emb_base": base, "softmax_scale": float(data.get("attention_multiplier", 1.0)),
-        },
+        attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base,
+                              softmax_scale=float(data.get("attention_multiplier", 1.0))),
         moe_mlp={
             "n_experts": int(data.get("num_local_experts") or 0), "top_k": int(data.get("num_experts_per_tok", 2)),
             "hidden": int(data["intermediate_size"]), "shared_hidden": int(data["shared_intermediate_size"]),
@@ -55,8 +56,8 @@ def config(data: dict) -> ModelConfig:
     )
 
 
-def weights(sd: dict) -> dict:
-    sd = rename(sd, mamba_layer_rules("norm", "post_attention_layernorm") + [
+def weights(sd: dict, data: dict) -> dict:
+    sd = rename(sd, decoder_rules("norm", "post_attention_layernorm", {"mamba": "mixer", "self_attn": "self_attn"}) + [
         (r"^model\.layers\.(\d+)\.shared_mlp\.input_linear\.", r"backbone.layers.\1.mlp.shared_in."),
         (r"^model\.layers\.(\d+)\.shared_mlp\.output_linear\.", r"backbone.layers.\1.mlp.shared_out."),
         (r"^model\.layers\.(\d+)\.block_sparse_moe\.router\.(layer\.)?", r"backbone.layers.\1.mlp.router."),

@@ -81,7 +81,7 @@ def config(data: dict) -> ModelConfig:
     )
 
 
-def weights(sd: dict) -> dict:
+def weights(sd: dict, data: dict) -> dict:
     sd = rename(sd, [
         (r"^(model|backbone)\.embeddings?\.", "backbone.embedding."),
         (r"^(model|backbone)\.norm_f\.", "backbone.norm_f."),

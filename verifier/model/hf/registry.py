@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.hf import bamba, granitemoehybrid, nemotron_h
+from stree.verifier.model.hf import bamba, falcon_h1, granitemoehybrid, nemotron_h
 
-FAMILIES = {f.MODEL_TYPE: f for f in (bamba, nemotron_h, granitemoehybrid)}
+# each family: MODEL_TYPE, CLASS_NAME, config(config.json dict) and weights(state dict, config.json dict)
+FAMILIES = {f.MODEL_TYPE: f for f in (bamba, nemotron_h, granitemoehybrid, falcon_h1)}
 SUPPORTED_CLASSES = {"mamba2": "Mamba2ForCausalLM", **{t: f.CLASS_NAME for t, f in FAMILIES.items()}}
 
 
@@ -37,7 +38,8 @@ def resolve(data: dict) -> tuple[ModelConfig, Callable[[dict], dict]]:
         )
     try:
         if model_type in FAMILIES:
-            return FAMILIES[model_type].config(data), FAMILIES[model_type].weights
+            family = FAMILIES[model_type]
+            return family.config(data), lambda sd: family.weights(sd, data)
         return ModelConfig.from_hf_dict(data), _mamba2_weights
     except KeyError as exc:
         raise ValueError(f"config: {SUPPORTED_CLASSES[model_type]} config is missing {exc}") from exc

@@ -20,17 +20,16 @@ def rename(sd: dict, rules: list[tuple[str, str]]) -> dict:
     return out
 
 
-def mamba_layer_rules(final_norm: str, norm2: str) -> list[tuple[str, str]]:
-    """``rename`` rules for a ``model.layers.{i}`` stack of ``input_layernorm`` + ``mamba``/``self_attn``
-    mixer + ``norm2``-named norm (Bamba, GraniteMoeHybrid): embedding, the ``final_norm``, norms, mixers."""
+def decoder_rules(final_norm: str, norm2: str, sublayers: dict[str, str]) -> list[tuple[str, str]]:
+    """``rename`` rules for a transformers decoder (``model.embed_tokens``, ``model.{final_norm}``, per layer
+    ``input_layernorm`` and ``{norm2}``), with each layer's ``{src}.`` sub-module moved to ``{dst}.``."""
+    layer = r"^model\.layers\.(\d+)\."
     return [
         (r"^model\.embed_tokens\.", "backbone.embedding."),
         (rf"^model\.{final_norm}\.", "backbone.norm_f."),
-        (r"^model\.layers\.(\d+)\.input_layernorm\.", r"backbone.layers.\1.norm."),
-        (rf"^model\.layers\.(\d+)\.{norm2}\.", r"backbone.layers.\1.norm2."),
-        (r"^model\.layers\.(\d+)\.mamba\.", r"backbone.layers.\1.mixer."),
-        (r"^model\.layers\.(\d+)\.self_attn\.", r"backbone.layers.\1.self_attn."),
-    ]
+        (layer + r"input_layernorm\.", r"backbone.layers.\1.norm."),
+        (layer + rf"{norm2}\.", r"backbone.layers.\1.norm2."),
+    ] + [(layer + re.escape(src) + r"\.", rf"backbone.layers.\1.{dst}.") for src, dst in sublayers.items()]
 
 
 def fuse(sd: dict, parts: list[str], target: str) -> None:
