@@ -6,6 +6,8 @@ Lossless speculative sampling needs the draft and the target warped identically
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -15,6 +17,10 @@ import torch
 # Smallest temperature and top_p that stay meaningful in float32 (1e-300 passed and underflowed later).
 MIN_TEMPERATURE = 1e-3
 MIN_TOP_P = 1e-6
+
+
+MAX_TOP_K = 2**32 - 1
+"""Largest top_k accepted (the gRPC field's range); any value at or past the vocabulary size is no filter."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,13 @@ class SamplingParams:
             raise ValueError("temperature must be finite")
         if 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / t would overflow float32
             raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {self.temperature}")
+        if isinstance(self.top_k, float) and not math.isfinite(self.top_k):  # int() of these raises others
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+        if self.top_k > MAX_TOP_K:  # the engine keeps top_k in int64 device tensors
+            raise ValueError(f"top_k must be <= {MAX_TOP_K} (any value past the vocabulary disables it), "
+                             f"got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_p < MIN_TOP_P:  # below float32 resolution of a probability sum
