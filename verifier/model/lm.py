@@ -23,6 +23,7 @@ from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer
 from stree.verifier.model.parallel_mixer import ParallelMixer
 from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
+from stree.verifier.model.weights_home import WeightsHome
 
 
 def _norm(config: ModelConfig, dim: int) -> nn.Module:
@@ -167,7 +168,7 @@ class TreeActs:
     trees: TreeBatch
 
 
-class StreeLM(nn.Module):
+class StreeLM(WeightsHome, nn.Module):
     """Mamba2 / hybrid LM with mamba_ssm's parameter names and tree-speculation inference modes."""
 
     def __init__(self, config: ModelConfig):
@@ -178,17 +179,8 @@ class StreeLM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.backbone.embedding.weight
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+    def _home_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
 
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None, return_hidden: bool = False):
         """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from)."""

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from stree.verifier.model.weights_home import WeightsHome
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -67,7 +68,7 @@ class _MixerBlock(nn.Module):
         return x + self.mlp(x)
 
 
-class TreeFlashNet(nn.Module):
+class TreeFlashNet(WeightsHome, nn.Module):
     """Block pass (``depth_states``), marginal head and conditional head over a tied embedding."""
 
     def __init__(self, cfg: TreeFlashConfig):
@@ -81,17 +82,8 @@ class TreeFlashNet(nn.Module):
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-5)
         nn.init.normal_(self.embedding.weight, std=0.02)  # the tied head starts near uniform (small KL)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.embedding.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embedding.weight.dtype
+    def _home_weight(self) -> torch.Tensor:
+        return self.embedding.weight
 
     def depth_states(self, hidden: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
         """``[B, d_target]`` target hidden states and ``[B]`` roots -> ``[B, K, d]``; state k drafts depth k+1."""
