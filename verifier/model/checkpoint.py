@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.hf import mambainllama
 from stree.verifier.model.hf.registry import resolve
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import TOKENIZER_FILE, make_tokenizer
@@ -34,6 +35,12 @@ def _read_config(model_dir: Path) -> tuple[ModelConfig, Callable[[dict], dict], 
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    mamba_path = model_dir / mambainllama.MAMBA_CONFIG_FILE
+    if isinstance(data, dict) and mamba_path.exists():  # MambaInLlama: the Llama config plus this file
+        try:
+            data = {**data, mambainllama.MAMBA_CONFIG_KEY: json.loads(mamba_path.read_text())}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{mamba_path}: not valid JSON ({exc})") from exc
     try:
         config, renamer = resolve(data)
         return config, renamer, data
