@@ -6,7 +6,8 @@ The layout is mamba_ssm's (norm, mixer, norm2, gated MLP), so it maps onto ``Mod
 from __future__ import annotations
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless, rope_settings
+from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless,
+                                             rope_settings, swiglu_decoder_fields)
 from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
 
 MODEL_TYPE = "bamba"
@@ -28,11 +29,7 @@ def config(data: dict) -> ModelConfig:
     rotary_dim, base = rope_settings(data, head_dim, default_partial=0.5)
     eps = float(data.get("rms_norm_eps", 1e-5))
     return ModelConfig(
-        d_model=d_model,
-        d_intermediate=int(data["intermediate_size"]),
-        mlp_multiple=1,
-        n_layer=int(data["num_hidden_layers"]),
-        vocab_size=int(data["vocab_size"]),
+        **swiglu_decoder_fields(data),
         ssm_cfg=mamba_ssm_cfg(data, expand, d_head, eps),
         attn_layer_idx=list(data.get("attn_layer_indices") or []),
         attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base),

@@ -52,3 +52,10 @@ def mamba_ssm_cfg(data: dict, expand, d_head: int, eps: float, **extra) -> dict:
         "dt_limit": [_json_float(x) for x in (data.get("time_step_limit") or [0.0, math.inf])],
         "chunk_size": int(data.get("mamba_chunk_size", 256)), "norm_eps": eps, **extra,
     }
+
+
+def swiglu_decoder_fields(data: dict) -> dict:
+    """``ModelConfig`` fields of a decoder whose every layer ends in a SwiGLU MLP of ``intermediate_size``
+    (Bamba, Falcon-H1, MambaInLlama): width, depth, vocabulary."""
+    return dict(d_model=int(data["hidden_size"]), d_intermediate=int(data["intermediate_size"]), mlp_multiple=1,
+                n_layer=int(data["num_hidden_layers"]), vocab_size=int(data["vocab_size"]))

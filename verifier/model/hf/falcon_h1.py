@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless, rope_settings
+from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless,
+                                             rope_settings, swiglu_decoder_fields)
 from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
 
 MODEL_TYPE = "falcon_h1"
@@ -47,11 +48,7 @@ def config(data: dict) -> ModelConfig:
     eps = float(data.get("rms_norm_eps", 1e-5))
     n_layer = int(data["num_hidden_layers"])
     return ModelConfig(
-        d_model=d_model,
-        d_intermediate=int(data["intermediate_size"]),
-        mlp_multiple=1,
-        n_layer=n_layer,
-        vocab_size=int(data["vocab_size"]),
+        **swiglu_decoder_fields(data),
         ssm_cfg=mamba_ssm_cfg(
             data, d_ssm // d_model if d_ssm % d_model == 0 else d_ssm / d_model, d_head, eps,  # no MLP half
             # one flag for in_proj (mamba_proj_bias) and out_proj (projectors_bias); weights() zero-fills the other

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, refuse_unless, rope_settings
+from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, refuse_unless, rope_settings,
+                                             swiglu_decoder_fields)
 from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
 
 MODEL_TYPE = "llama"
@@ -85,11 +86,7 @@ def config(data: dict) -> ModelConfig:
     ssm_cfg.update(d_state=d_state, ngroups=heads, headdim=d_state, expand=d_inner / d_model, norm_eps=1e-5)
     attn_layers = sorted(int(i) for i in (mc.get("attn_layers") or []))
     return ModelConfig(
-        d_model=d_model,
-        d_intermediate=int(data["intermediate_size"]),
-        mlp_multiple=1,
-        n_layer=n_layer,
-        vocab_size=int(data["vocab_size"]),
+        **swiglu_decoder_fields(data),
         ssm_cfg=ssm_cfg,
         attn_layer_idx=attn_layers,
         attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base),
