@@ -106,9 +106,24 @@ def _falcon_h1(**over):
     return _build("FalconH1", {**kw, **over})
 
 
-BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1}
+def _zamba2(**over):
+    """Two shared blocks used in turn by three hybrid layers (the third reuses the first block's weights),
+    q/k/v and MLP LoRA adapters, RoPE, and random (non-zero) adapter weights."""
+    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
+              layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"], num_attention_heads=4,
+              n_mamba_heads=4, mamba_d_state=8, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2,
+              use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True, rms_norm_eps=1e-2,
+              time_step_min=0.01)
+    kw.update(over)
+    kw["num_hidden_layers"] = len(kw["layers_block_type"])
+    return _build("Zamba2", kw, routing=("adapter_list",))
+
+
+BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1,
+            "zamba2": _zamba2}
 DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"]),
-          "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"]), "falcon_h1": dict(num_hidden_layers=1)}
+          "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"]), "falcon_h1": dict(num_hidden_layers=1),
+          "zamba2": dict(layers_block_type=["mamba", "hybrid"], num_mem_blocks=1)}
 
 
 

@@ -139,7 +139,15 @@ def _config_dict(cls_name: str, **kw) -> dict:
     ("FalconH1Config", {}, {"mamba_d_head": 7}, "mamba_n_heads\\*mamba_d_head"),
     ("FalconH1Config", {}, {"ssm_multipliers": [1.0, 2.0]}, "ssm_multipliers=\\[1.0, 2.0\\] must hold 5"),
     ("FalconH1Config", {}, {"mlp_multipliers": [1.0]}, "mlp_multipliers=\\[1.0\\] must hold 2"),
-    ("Zamba2Config", {}, {"architectures": ["Zamba2ForCausalLM"]}, "Zamba2ForCausalLM is not supported"),
+    ("Zamba2Config", {}, {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
+    ("Zamba2Config", {}, {"add_bias_linear": True}, "add_bias_linear=True"),
+    ("Zamba2Config", {}, {"use_mem_rope": True, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+     "rope_type='yarn'"),
+    ("Zamba2Config", {}, {"layers_block_type": ["mamba", "attention"]}, "layers_block_type entries \\['attention'\\]"),
+    ("Zamba2Config", {"num_key_value_heads": 8}, {"use_shared_attention_adapter": True},
+     "num_key_value_heads=8 with use_shared_attention_adapter"),
+    ("Zamba2Config", {}, {"n_mamba_heads": 7}, "n_mamba_heads=7"),
+    ("Zamba2Config", {}, {"num_attention_heads": 3}, "num_attention_heads=3"),
     ("JambaConfig", {}, {"architectures": ["JambaForCausalLM"]}, "JambaForCausalLM is not supported"),
 ])
 def test_each_family_refuses_what_it_cannot_compute(cls_name, kw, edit, message):
@@ -181,5 +189,27 @@ def test_falcon_h1_round_trips_through_save_model(tmp_path):
     model = load_model(save_tiny(BUILDERS["falcon_h1"](num_hidden_layers=1), tmp_path / "hf"))
     again = load_model(save_model(model, tmp_path / "stree"))
     assert again.config.to_dict() == model.config.to_dict() and again.config.parallel_mamba
+    ids = torch.randint(0, V, (1, 9))
+    torch.testing.assert_close(again(ids), model(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("over", [
+    dict(use_shared_attention_adapter=False, use_mem_rope=False, hidden_act="silu", num_key_value_heads=2),
+    dict(num_mem_blocks=1, tie_word_embeddings=False, layers_block_type=["hybrid", "mamba", "hybrid"]),
+])
+def test_zamba2_variants_match_transformers(tmp_path, over):
+    from hf_helpers import BUILDERS, check_scores
+
+    hf = BUILDERS["zamba2"](**over)
+    check_scores(load_model(save_tiny(hf, tmp_path)), hf, V)
+
+
+def test_zamba2_round_trips_through_save_model(tmp_path):
+    from hf_helpers import BUILDERS
+    from stree.verifier.model.checkpoint import save_model
+
+    model = load_model(save_tiny(BUILDERS["zamba2"](), tmp_path / "hf"))
+    again = load_model(save_model(model, tmp_path / "stree"))
+    assert again.config.to_dict() == model.config.to_dict() and again.config.hybrid_layer_idx == [1, 3, 4]
     ids = torch.randint(0, V, (1, 9))
     torch.testing.assert_close(again(ids), model(ids), rtol=0, atol=0)

@@ -27,7 +27,8 @@ class AttnLayerState:
 class Attention(nn.Module):
     """Causal MHA/GQA; parameter names match mamba_ssm's ``MHA`` (``in_proj``, ``out_proj``)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, d_in: int | None = None):
+        """``d_in``: the input width when it is not ``d_model`` (Zamba2 attends over ``[hidden; embeddings]``)."""
         super().__init__()
         cfg = config.attn
         self.num_heads = cfg["num_heads"]
@@ -39,7 +40,7 @@ class Attention(nn.Module):
         self.rotary_interleaved = cfg["rotary_emb_interleaved"]
         self.softmax_scale = cfg["softmax_scale"]
         qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
-        self.in_proj = nn.Linear(config.d_model, qkv_dim + self.mlp_dim, bias=cfg["qkv_proj_bias"])
+        self.in_proj = nn.Linear(d_in or config.d_model, qkv_dim + self.mlp_dim, bias=cfg["qkv_proj_bias"])
         out_dim = self.head_dim * self.num_heads
         self.out_proj = nn.Linear(out_dim + self.mlp_dim // 2, config.d_model, bias=cfg["out_proj_bias"])
 

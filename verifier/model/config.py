@@ -88,6 +88,10 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # scales each mixer / MLP output before the residual add
     logits_scaling: float = 1.0  # logits are divided by this
     parallel_mamba: bool = False  # every attention layer also runs a Mamba2 mixer on its input; outputs summed
+    # Zamba2 hybrid layers: attention over [hidden; embeddings] + an MLP (hybrid_mlp: {"hidden", "act"}),
+    # projected and added to the input of the layer's Mamba2 mixer (shared_block_mixer.py)
+    hybrid_layer_idx: list = field(default_factory=list)
+    hybrid_mlp: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple", "mlp_multiple"):
@@ -101,6 +105,14 @@ class ModelConfig:
             raise ValueError(f"config: ssm_cfg.layer {layer!r} is not supported (only 'Mamba2')")
         self.attn_layer_idx = [int(i) for i in (self.attn_layer_idx or [])]
         self.layer_mixers = {int(k): dict(v) for k, v in (self.layer_mixers or {}).items()}
+        self.hybrid_layer_idx = [int(i) for i in (self.hybrid_layer_idx or [])]
+        for i in self.hybrid_layer_idx:
+            if not 0 <= i < self.n_layer or i in self.attn_layer_idx or i in self.layer_mixers:
+                raise ValueError(f"config: hybrid_layer_idx {i} is outside 0..{self.n_layer - 1} or another layer kind")
+        if self.hybrid_layer_idx:
+            mlp = self.hybrid_mlp or {}
+            if mlp.get("act") not in ("gelu", "silu") or not isinstance(mlp.get("hidden"), int) or mlp["hidden"] <= 0:
+                raise ValueError(f"config: hybrid_mlp {mlp!r} needs a positive integer 'hidden' and act 'gelu' or 'silu'")
         for i in self.layer_mixers:
             if not 0 <= i < self.n_layer or i in self.attn_layer_idx:
                 raise ValueError(f"config: layer_mixers index {i} is outside 0..{self.n_layer - 1} or an attention layer")
@@ -118,7 +130,7 @@ class ModelConfig:
             raise ValueError("config: ssm_cfg.d_conv must be >= 1")
         if self.parallel_mamba and not self.attn_layer_idx:
             raise ValueError("config: parallel_mamba needs attention layers (attn_layer_idx) to run beside")
-        if self.attn_layer_idx:
+        if self.attn_layer_idx or self.hybrid_layer_idx:
             attn = self.attn
             if attn["d_conv"]:
                 raise ValueError("config: attn_cfg.d_conv > 0 (conv in attention layers) is not supported")
@@ -175,8 +187,10 @@ class ModelConfig:
         return layer in self.attn_layer_idx
 
     def layer_kind(self, layer: int) -> str:
-        """'attn', 'parallel' (attention and Mamba2 side by side), 'token' (a per-token MLP/MoE in the mixer
-        slot) or 'mamba'."""
+        """'attn', 'parallel' (attention and Mamba2 side by side), 'hybrid' (Zamba2: attention + MLP feeding the
+        Mamba2 mixer's input), 'token' (a per-token MLP/MoE in the mixer slot) or 'mamba'."""
+        if layer in self.hybrid_layer_idx:
+            return "hybrid"
         if layer in self.attn_layer_idx:
             return "parallel" if self.parallel_mamba else "attn"
         return "token" if layer in self.layer_mixers else "mamba"
@@ -239,7 +253,8 @@ class ModelConfig:
         if out["mlp_multiple"] == 128:  # mamba_ssm's own rounding: keep its config format unchanged
             out.pop("mlp_multiple")
         for key, default in (("layer_mixers", {}), ("moe_mlp", {}), ("embedding_multiplier", 1.0),
-                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0), ("parallel_mamba", False)):
+                             ("residual_multiplier", 1.0), ("logits_scaling", 1.0), ("parallel_mamba", False),
+                             ("hybrid_layer_idx", []), ("hybrid_mlp", {})):
             if out[key] == default:  # HF-family options stay out of mamba_ssm-format configs
                 out.pop(key)
         ssm = dict(out["ssm_cfg"])

@@ -22,6 +22,7 @@ from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer
 from stree.verifier.model.parallel_mixer import ParallelMixer
+from stree.verifier.model.shared_block_mixer import SharedBlockMixer
 from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
 from stree.verifier.model.weights_home import WeightsHome
 
@@ -52,12 +53,15 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.kind = config.layer_kind(layer_idx)
-        self.is_attention = self.kind in ("attn", "parallel")  # holds a KV cache; prefill/step take seqlen
-        self.norm = _norm(config, config.d_model)
+        self.is_attention = self.kind in ("attn", "parallel", "hybrid")  # holds a KV cache; prefill/step take seqlen
+        # a hybrid (Zamba2) mixer takes the un-normed residual stream and the embeddings, and norms them itself
+        self.norm = None if self.kind == "hybrid" else _norm(config, config.d_model)
         if self.kind == "token":
             self.mixer = token_mixer(config.d_model, config.layer_mixers[layer_idx])
         elif self.kind == "parallel":
             self.mixer = ParallelMixer(config)
+        elif self.kind == "hybrid":
+            self.mixer = SharedBlockMixer(config)
         else:
             self.mixer = Attention(config) if self.is_attention else Mamba2Mixer(config)
         if config.moe_mlp:
@@ -80,10 +84,17 @@ class Block(nn.Module):
             residual = residual.float()
         return norm(residual.to(norm.weight.dtype)), residual
 
-    def run(self, hidden, residual, mix):
-        """``mix(normed)`` is the mixer call for the current mode."""
-        normed, residual = self._add_norm(self.norm, hidden, residual)
-        hidden = self._scaled(mix(normed))
+    def run(self, hidden, residual, mix, emb=None):
+        """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
+        reads the residual stream itself and the token embeddings ``emb``)."""
+        if self.kind == "hybrid":
+            residual = hidden if residual is None else hidden + residual
+            if self.residual_in_fp32:
+                residual = residual.float()
+            hidden = self._scaled(mix(residual.to(emb.dtype), emb))
+        else:
+            normed, residual = self._add_norm(self.norm, hidden, residual)
+            hidden = self._scaled(mix(normed))
         if self.mlp is None:
             return hidden, residual
         normed, residual = self._add_norm(self.norm2, hidden, residual)
@@ -197,8 +208,9 @@ class StreeLM(WeightsHome, nn.Module):
         hidden, residual = self.backbone.embedding(input_ids), None
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
+        emb = hidden  # what hybrid (Zamba2) layers concatenate to the residual stream
         for block, mix in zip(self.backbone.layers, mixes):
-            hidden, residual = block.run(hidden, residual, mix)
+            hidden, residual = block.run(hidden, residual, mix, emb)
         return self._logits(hidden, residual, head, return_hidden)
 
     def trimmed_head(self, keep: torch.Tensor) -> "TrimmedHead":
@@ -236,6 +248,7 @@ class StreeLM(WeightsHome, nn.Module):
         seqlen = state.seqlen
         return [
             b.mixer if b.kind == "token"
+            else (lambda h, e, f=getattr(b.mixer, mode), s=s: f(h, e, s, seqlen)) if b.kind == "hybrid"
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen)) if b.is_attention
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s))
             for b, s in zip(self.backbone.layers, state.layers)
@@ -291,6 +304,11 @@ class StreeLM(WeightsHome, nn.Module):
             acts.append(a)
             return y
 
+        def hybrid_mix(h, e, b, s):
+            y, a = b.mixer.tree(h, e, s, seqlen, depth, anc, parents)
+            acts.append(a)
+            return y
+
         def token_mix(h, b):
             acts.append(None)
             return b.mixer(h)
@@ -298,6 +316,7 @@ class StreeLM(WeightsHome, nn.Module):
         mixes = [
             (lambda h, b=b: token_mix(h, b)) if b.kind == "token"
             else (lambda h, b=b, s=s: parallel_mix(h, b, s)) if b.kind == "parallel"
+            else (lambda h, e, b=b, s=s: hybrid_mix(h, e, b, s)) if b.kind == "hybrid"
             else (lambda h, b=b, s=s: attn_mix(h, b, s)) if b.is_attention
             else (lambda h, b=b, s=s: mamba_mix(h, b, s))
             for b, s in zip(self.backbone.layers, state.layers)
@@ -320,7 +339,7 @@ class StreeLM(WeightsHome, nn.Module):
         if not capturing() and bool((path_len < min_len).any()):
             raise ValueError("commit: every path must contain at least the root")
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
-            if block.kind == "parallel":
+            if block.kind in ("parallel", "hybrid"):
                 block.mixer.commit(s, a, state.seqlen, path, path_len)
             elif block.is_attention:
                 block.mixer.commit(s, state.seqlen, path, path_len)

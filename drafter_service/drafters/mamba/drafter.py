@@ -76,7 +76,8 @@ class MambaDraftSession(ContextSession):
         self.shape = drafter.shape
         self.head = drafter.head
         # the whole beam draft replays one CUDA graph (pure Mamba2 draft models on CUDA)
-        self.graphs = drafter.cuda_graphs and self.model.device.type == "cuda" and not self.model.config.attn_layer_idx
+        self.graphs = drafter.cuda_graphs and self.model.device.type == "cuda" and not self.model.config.attn_layer_idx \
+            and not self.model.config.hybrid_layer_idx
         self.drafter = drafter
         dev = self.model.device
         # on CUDA the draft model's one-token step replays a graph over this session's own state, so

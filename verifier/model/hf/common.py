@@ -13,6 +13,14 @@ def refuse_unless(data: dict, key: str, allowed) -> None:
         raise ValueError(f"config: {key}={data[key]!r} is not supported (only {allowed!r})")
 
 
+def map_layer_types(raw: list, kinds: dict[str, str], field: str) -> list[str]:
+    """Each entry of the config's ``field`` list mapped through ``kinds``; a ValueError names entries it lacks."""
+    unknown = sorted({k for k in raw if k not in kinds})
+    if unknown:
+        raise ValueError(f"config: {field} entries {unknown} are not supported (only {sorted(kinds)})")
+    return [kinds[k] for k in raw]
+
+
 def rope_settings(data: dict, head_dim: int, default_partial: float = 1.0) -> tuple[int, float]:
     """(rotary dim, base) from ``rope_parameters`` (transformers 5) or the older flat fields; plain RoPE only."""
     rope = dict(data.get("rope_parameters") or {})

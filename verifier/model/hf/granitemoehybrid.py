@@ -7,7 +7,7 @@ attention (softmax scale) and logits multipliers come from the config.
 from __future__ import annotations
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, rope_settings
+from stree.verifier.model.hf.common import gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, map_layer_types, rope_settings
 from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "granitemoehybrid"
@@ -20,10 +20,7 @@ def config(data: dict) -> ModelConfig:
     d_model = int(data["hidden_size"])
     n_layer = int(data["num_hidden_layers"])
     raw = data.get("layer_types") or data.get("layers_block_type") or ["mamba"] * n_layer
-    unknown = sorted({k for k in raw if k not in _KINDS})
-    if unknown:
-        raise ValueError(f"config: layer_types entries {unknown} are not supported (only {sorted(_KINDS)})")
-    kinds = [_KINDS[k] for k in raw]
+    kinds = map_layer_types(raw, _KINDS, "layer_types")
     heads = int(data["num_attention_heads"])
     head_dim = d_model // heads
     pos = data.get("position_embedding_type")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from stree.verifier.model.config import ModelConfig, require_silu
-from stree.verifier.model.hf.common import refuse_unless, hf_norm_fields
+from stree.verifier.model.hf.common import hf_norm_fields, map_layer_types, refuse_unless
 from stree.verifier.model.hf.weights import fuse_attention, layer_indices, rename, stack_experts
 
 MODEL_TYPE = "nemotron_h"
@@ -22,10 +22,7 @@ def layer_types(data: dict) -> list[str]:
     raw = data.get("layers_block_type") or data.get("layer_types") or list(data.get("hybrid_override_pattern") or "")
     if not raw:
         raise ValueError("config: NemotronH needs layers_block_type (or hybrid_override_pattern)")
-    unknown = sorted({t for t in raw if t not in _KINDS})
-    if unknown:
-        raise ValueError(f"config: layers_block_type entries {unknown} are not supported")
-    return [_KINDS[t] for t in raw]
+    return map_layer_types(raw, _KINDS, "layers_block_type")
 
 
 def config(data: dict) -> ModelConfig:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.hf import bamba, falcon_h1, granitemoehybrid, mambainllama, nemotron_h
+from stree.verifier.model.hf import bamba, falcon_h1, granitemoehybrid, mambainllama, nemotron_h, zamba2
 
 # each family: MODEL_TYPE, CLASS_NAME, config(config.json dict) and weights(state dict, config.json dict)
-FAMILIES = {f.MODEL_TYPE: f for f in (bamba, nemotron_h, granitemoehybrid, falcon_h1, mambainllama)}
+FAMILIES = {f.MODEL_TYPE: f for f in (bamba, nemotron_h, granitemoehybrid, falcon_h1, zamba2, mambainllama)}
 SUPPORTED_CLASSES = {"mamba2": "Mamba2ForCausalLM", **{t: f.CLASS_NAME for t, f in FAMILIES.items()}}
 
 
