@@ -8,7 +8,7 @@ from __future__ import annotations
 from stree.verifier.model.config import ModelConfig, require_silu
 from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless,
                                              rope_settings, swiglu_decoder_fields)
-from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
+from stree.verifier.model.hf.weights import swiglu_decoder_weights
 
 MODEL_TYPE = "bamba"
 CLASS_NAME = "BambaForCausalLM"
@@ -38,9 +38,6 @@ def config(data: dict) -> ModelConfig:
 
 
 def weights(sd: dict, data: dict) -> dict:
-    sd = rename(sd, decoder_rules("final_layernorm", "pre_ff_layernorm",
-                                  {"mamba": "mixer", "self_attn": "self_attn", "feed_forward": "feed_forward"}))
-    for i in layer_indices(sd, "backbone.layers"):
-        fuse_attention(sd, f"backbone.layers.{i}.self_attn", f"backbone.layers.{i}.mixer")
-        fuse_swiglu(sd, f"backbone.layers.{i}.feed_forward", f"backbone.layers.{i}.mlp")
-    return sd
+    return swiglu_decoder_weights(sd, "final_layernorm", "pre_ff_layernorm",
+                                  {"mamba": "mixer", "self_attn": "self_attn", "feed_forward": "feed_forward"},
+                                  attn=("self_attn", "mixer"), mlp="feed_forward")

@@ -15,7 +15,7 @@ import torch
 from stree.verifier.model.config import ModelConfig, require_silu
 from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, mamba_ssm_cfg, refuse_unless,
                                              rope_settings, swiglu_decoder_fields)
-from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
+from stree.verifier.model.hf.weights import layer_indices, swiglu_decoder_weights
 
 MODEL_TYPE = "falcon_h1"
 CLASS_NAME = "FalconH1ForCausalLM"
@@ -108,15 +108,14 @@ def fold_multipliers(sd: dict, data: dict) -> None:
 
 def weights(sd: dict, data: dict) -> dict:
     fold_multipliers(sd, data)
-    sd = rename(sd, decoder_rules("final_layernorm", "pre_ff_layernorm",
-                                  {"mamba": "mixer.mamba", "self_attn": "mixer.attn", "feed_forward": "feed_forward"}))
-    for i in layer_indices(sd, "backbone.layers"):
-        p = f"backbone.layers.{i}"
-        fuse_attention(sd, f"{p}.mixer.attn", f"{p}.mixer.attn")
-        fuse_swiglu(sd, f"{p}.feed_forward", f"{p}.mlp")
-        if bool(data.get("mamba_proj_bias", False)) != bool(data.get("projectors_bias", False)):
+    sd = swiglu_decoder_weights(sd, "final_layernorm", "pre_ff_layernorm",
+                                {"mamba": "mixer.mamba", "self_attn": "mixer.attn", "feed_forward": "feed_forward"},
+                                attn=("mixer.attn", "mixer.attn"), mlp="feed_forward")
+    if bool(data.get("mamba_proj_bias", False)) != bool(data.get("projectors_bias", False)):
+        for i in layer_indices(sd, "backbone.layers"):
             for proj in ("in_proj", "out_proj"):  # the projection without a bias gets a zero one
-                w = sd.get(f"{p}.mixer.mamba.{proj}.weight")
+                w = sd.get(f"backbone.layers.{i}.mixer.mamba.{proj}.weight")
                 if w is not None:
-                    sd.setdefault(f"{p}.mixer.mamba.{proj}.bias", torch.zeros(w.shape[0], dtype=w.dtype))
+                    sd.setdefault(f"backbone.layers.{i}.mixer.mamba.{proj}.bias",
+                                  torch.zeros(w.shape[0], dtype=w.dtype))
     return sd

@@ -20,7 +20,7 @@ import torch
 from stree.verifier.model.config import ModelConfig, _json_float, require_silu
 from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, refuse_unless, rope_settings,
                                              swiglu_decoder_fields)
-from stree.verifier.model.hf.weights import decoder_rules, fuse_attention, fuse_swiglu, layer_indices, rename
+from stree.verifier.model.hf.weights import layer_indices, swiglu_decoder_weights
 
 MODEL_TYPE = "llama"
 CLASS_NAME = "LlamaForCausalLM with mamba_config.json (MambaInLlama Mamba2 hybrid)"
@@ -109,12 +109,11 @@ def weights(sd: dict, data: dict) -> dict:
                          "only its Mamba2 variant")
     r = d_inner // d_xb
     conv_done = bool(((data[MAMBA_CONFIG_KEY].get("ssm_cfg") or {}).get("repeat_kv_before_conv", False)))
-    sd = rename(sd, decoder_rules("norm", "post_attention_layernorm",
-                                  {"mamba": "mixer", "self_attn": "self_attn", "mlp": "mlp"}))
+    sd = swiglu_decoder_weights(sd, "norm", "post_attention_layernorm",
+                                {"mamba": "mixer", "self_attn": "self_attn", "mlp": "mlp"},
+                                attn=("self_attn", "mixer"), mlp="mlp")
     for i in layer_indices(sd, "backbone.layers"):
         layer = f"backbone.layers.{i}"
-        fuse_attention(sd, f"{layer}.self_attn", f"{layer}.mixer")
-        fuse_swiglu(sd, f"{layer}.mlp", f"{layer}.mlp")
         if r == 1 or f"{layer}.mixer.conv1d.weight" not in sd:
             continue
         # in_proj rows: [z d_inner | x d_xb | B d_xb | C d_inner | dt heads]; expand B first, then x

@@ -53,6 +53,19 @@ def fuse_swiglu(sd: dict, src: str, dst: str) -> None:
         sd[f"{dst}.fc2.weight"] = sd.pop(f"{src}.down_proj.weight")
 
 
+def swiglu_decoder_weights(sd: dict, final_norm: str, norm2: str, sublayers: dict[str, str],
+                           attn: tuple[str, str], mlp: str) -> dict:
+    """A transformers decoder with attention and a SwiGLU MLP in each layer (Bamba, Falcon-H1, MambaInLlama):
+    ``decoder_rules`` renames, then per layer q/k/v at ``attn[0]`` fused into ``attn[1]``'s ``in_proj`` and
+    the SwiGLU at ``mlp`` into ``mlp`` (GatedMLP); the renamed state dict."""
+    sd = rename(sd, decoder_rules(final_norm, norm2, sublayers))
+    for i in layer_indices(sd, "backbone.layers"):
+        p = f"backbone.layers.{i}"
+        fuse_attention(sd, f"{p}.{attn[0]}", f"{p}.{attn[1]}")
+        fuse_swiglu(sd, f"{p}.{mlp}", f"{p}.mlp")
+    return sd
+
+
 def layer_indices(sd: dict, prefix: str) -> list[int]:
     """Sorted layer numbers that appear as ``{prefix}.{i}.`` in the weight names."""
     pat = re.compile(re.escape(prefix) + r"\.(\d+)\.")
