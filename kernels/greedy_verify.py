@@ -10,6 +10,9 @@ import torch
 
 from stree.protocols.token_tree import ancestor_mask
 
+FUSED_MAX_NODES = 64
+"""Largest (padded) tree the one-program Triton kernel holds; larger trees take the reference below."""
+
 
 def sibling_rank(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``[B, N]``: how many valid earlier nodes share each node's parent (its rank among siblings)."""

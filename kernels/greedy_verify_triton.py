@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_NODES = 64
-"""Largest (padded) tree one program holds; larger trees take the reference."""
+from stree.kernels.greedy_verify import FUSED_MAX_NODES as MAX_NODES
 
 
 @triton.jit

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from stree.kernels import backend
+from stree.kernels.greedy_verify import FUSED_MAX_NODES
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.rotary import rotary_inv_freq
 
@@ -106,9 +107,10 @@ def kv_commit(k_cache, v_cache, seqlen, path, path_len):
 
 
 def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
-    """``(path, path_len, bonus, out_tokens)`` of greedy verification; trees over 64 nodes take the reference."""
+    """``(path, path_len, bonus, out_tokens)`` of greedy verification; trees over ``FUSED_MAX_NODES`` nodes
+    take the reference."""
     op = get("greedy_verify", tokens.device)
-    if tokens.shape[1] > 64:
+    if tokens.shape[1] > FUSED_MAX_NODES:
         op = _load(_OPS["greedy_verify"][0])
     return op(tokens, parents, valid, best, max_depth, max_width)
 

@@ -186,7 +186,6 @@ class Engine:
         self.graphs_failed = False
         self.metrics = collections.Counter()
         self.step_host_s: list[float] = []
-        self.captured = False  # set by a step that captured a graph (cleared at each launch)
         self.forced_shape: Optional[TreeShape] = None  # warm_up runs each shape in turn
 
     def reseed(self, seed: Optional[int]) -> None:
@@ -412,7 +411,6 @@ class Engine:
                 fn()
                 return
             self.graphs[key] = graph
-            self.captured = True
         graph.replay()
 
     def _catch_up(self) -> None:
@@ -502,7 +500,7 @@ class Engine:
             drafted = shape.num_nodes - 1
         # a lazy drafter catches up before it drafts, or before its backlog would overflow
         catch_up = self.lazy and self.behind > 0 and (shape.kind != "none" or self.behind >= CATCH_UP)
-        self.captured = False
+        graphs_before = len(self.graphs)
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -524,7 +522,7 @@ class Engine:
         else:
             tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
         return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer,
-                         measured=not self.captured)
+                         measured=len(self.graphs) == graphs_before)  # no graph was captured in it
 
     def _run_step(self, key, catch_up: bool) -> None:
         if catch_up:
