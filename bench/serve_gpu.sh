@@ -4,10 +4,7 @@
 # measured with the same 64 HumanEval prompts x 128 tokens at several concurrency caps.
 # Usage (repo root): bench/serve_gpu.sh OUT_DIR [TAG]
 set -euo pipefail
-out="${1:?usage: bench/serve_gpu.sh OUT_DIR [TAG]}"
-tag="${2:-h100-$(date +%Y%m%d)}"
-mkdir -p "$out"
-source bench/gpu_env.sh
+source bench/gpu_start.sh "$@"
 port=18080
 for cfg in "plain:--drafter none" "auto:--drafter mamba --draft-model checkpoints/demo-draft --option tree=auto" \
            "beam:--drafter mamba --draft-model checkpoints/demo-draft --option tree=beam:5x3"; do
