@@ -3,7 +3,9 @@
 Runs a few eager engine steps of each tree shape under the torch profiler (phases marked with
 ``record_function``: draft, target tree pass, verify, target commit, draft commit), and prints the
 kernels launched and the GPU time of each phase, then every shape's CUDA-graph replay time and the
-graphed cost of one draft-model step, one draft tree pass, one target step and one target tree pass.
+graphed cost of one draft-model step, one draft tree pass, one target step and one target tree pass;
+last, GPU time and launches by kernel name for each component, and cuBLAS's time for the model's
+linear layers at the row counts a tree pass feeds them.
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def _kernel_count(event) -> int:
     return len(getattr(event, "kernels", [])) + sum(_kernel_count(c) for c in event.cpu_children)
 
 
+def _chain_trees(batch: int, n: int) -> TreeBatch:
+    """``batch`` chains of ``n`` nodes (token 0) on the GPU: the trees the component timings feed."""
+    nodes = torch.arange(n, device="cuda")
+    return TreeBatch(torch.zeros(batch, n, dtype=torch.long, device="cuda"), (nodes - 1).expand(batch, n).contiguous(),
+                     nodes.expand(batch, n).contiguous(), torch.full((batch,), n, device="cuda"))
+
+
 def kernel_breakdown(fn, reps: int = 5, top: int = 10) -> dict:
     """GPU microseconds and launches per call of ``fn`` (eager), total and by kernel name (top ``top``)."""
     from torch.profiler import ProfilerActivity, profile
@@ -120,9 +129,7 @@ def component_breakdown(target, draft, batch: int, record: dict) -> None:
         ids = torch.zeros(b, dtype=torch.long, device=dev)
         tables[f"{name}_step"] = kernel_breakdown(lambda: model.step(ids, state))
         n = 5
-        parents = torch.arange(-1, n - 1, device=dev).expand(b, n).contiguous()
-        trees = TreeBatch(torch.zeros(b, n, dtype=torch.long, device=dev), parents,
-                          torch.arange(n, device=dev).expand(b, n).contiguous(), torch.full((b,), n, device=dev))
+        trees = _chain_trees(b, n)
         tables[f"{name}_tree_pass_5"] = kernel_breakdown(lambda: model.tree_forward(trees, state))
         _, acts = model.tree_forward(trees, state)
         path = torch.arange(n, device=dev).expand(b, n).contiguous()
@@ -174,10 +181,7 @@ def run(args) -> int:
         ids = torch.zeros(b, dtype=torch.long, device="cuda")
         record["components_ms"][f"{name}_step"] = graphed_us([lambda: model.step(ids, state)]) / 1e3
         for n in (5, 16):
-            parents = torch.arange(-1, n - 1, device="cuda").expand(b, n).contiguous()
-            trees = TreeBatch(torch.zeros(b, n, dtype=torch.long, device="cuda"), parents,
-                              torch.arange(n, device="cuda").expand(b, n).contiguous(),
-                              torch.full((b,), n, device="cuda"))
+            trees = _chain_trees(b, n)
             record["components_ms"][f"{name}_tree_pass_{n}"] = graphed_us([lambda: model.tree_forward(trees, state)]) / 1e3
     component_breakdown(target, draft, b, record)
     print(json.dumps({k: v for k, v in record.items() if k != "kernels"}, indent=1))
