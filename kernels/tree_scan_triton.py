@@ -3,6 +3,7 @@
 ``y_i = exp(S_i) C_i^T H_0 + sum_{j in anc(i)} exp(S_i - S_j) (C_i . B_j) dt_j x_j + D x_i`` with
 three tensor-core products (C H_0^T, C B^T, W X) accumulated in fp32. The ancestor mask and the tree
 cumulative sum ``S = mask . (dt A)`` come from ``parents`` inside the kernel (no per-step precompute).
+Each kernel takes a tensor's strides as one tuple in its dimension order (``s_x[1]``: x's node stride).
 Trees of up to 64 nodes: one program per (sequence, head, headdim block) holds the whole tree and
 builds the mask by boolean squaring. Larger trees (up to ``MAX_NODES``): programs own a block of
 nodes, loop over column blocks of earlier nodes, and walk parents for the mask. Reference: ``tree_scan_ref``.
@@ -46,14 +47,7 @@ def _chain_sums(dt_col_ptr, stride_dtn, rows, n_nodes, A_h, BN: tl.constexpr):
 @triton.jit
 def _tree_scan_small_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, par_ptr, h0_ptr, y_ptr,
-    N, H, P, S, heads_per_group, n_hblocks,
-    s_xb, s_xn, s_xh, s_xp,
-    s_db, s_dn, s_dh,
-    s_Bb, s_Bn, s_Bg, s_Bs,
-    s_Cb, s_Cn, s_Cg, s_Cs,
-    s_pb, s_pn,
-    s_hb, s_hh, s_hp, s_hs,
-    s_yb, s_yn, s_yh, s_yp,
+    N, H, P, S, heads_per_group, n_hblocks, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, HB: tl.constexpr, LOG2_BN: tl.constexpr,
     IS_CHAIN: tl.constexpr, HALF: tl.constexpr,
 ):
@@ -77,16 +71,16 @@ def _tree_scan_small_kernel(
     if IS_CHAIN:
         anc = (nodes[None, :] <= nodes[:, None]) & ok[:, None]
     else:
-        par = tl.load(par_ptr + b * s_pb + nodes * s_pn, mask=ok, other=-1).to(tl.int32)
+        par = tl.load(par_ptr + b * s_par[0] + nodes * s_par[1], mask=ok, other=-1).to(tl.int32)
         par = tl.where(par < nodes, par, -1)  # a parent must come earlier
         anc = ((par[:, None] == nodes[None, :]) | (nodes[:, None] == nodes[None, :])) & ok[:, None]
         for _ in tl.static_range(LOG2_BN):
             r = anc.to(tl.float16)
             anc = tl.dot(r, r) > 0.5
 
-    c = tl.load(C_ptr + b * s_Cb + g * s_Cg + nodes[:, None] * s_Cn + offs_s[None, :] * s_Cs,
+    c = tl.load(C_ptr + b * s_C[0] + g * s_C[2] + nodes[:, None] * s_C[1] + offs_s[None, :] * s_C[3],
                 mask=ok[:, None] & s_ok[None, :], other=0.0)
-    bt = tl.load(B_ptr + b * s_Bb + g * s_Bg + nodes[None, :] * s_Bn + offs_s[:, None] * s_Bs,
+    bt = tl.load(B_ptr + b * s_B[0] + g * s_B[2] + nodes[None, :] * s_B[1] + offs_s[:, None] * s_B[3],
                  mask=ok[None, :] & s_ok[:, None], other=0.0)
     if HALF:
         cb = tl.dot(c, bt)
@@ -96,31 +90,24 @@ def _tree_scan_small_kernel(
 
     for hh in range(HB):
         h = h_first + hh
-        a = tl.load(dt_ptr + b * s_db + h * s_dh + nodes * s_dn, mask=ok, other=0.0).to(tl.float32)
+        a = tl.load(dt_ptr + b * s_dt[0] + h * s_dt[2] + nodes * s_dt[1], mask=ok, other=0.0).to(tl.float32)
         la = a * tl.load(A_ptr + h).to(tl.float32)
         cs = tl.sum(tl.where(anc, la[None, :], 0.0), 1)  # tree cumulative sum S
-        h0t = tl.load(h0_ptr + b * s_hb + h * s_hh + offs_p[None, :] * s_hp + offs_s[:, None] * s_hs,
+        h0t = tl.load(h0_ptr + b * s_h0[0] + h * s_h0[1] + offs_p[None, :] * s_h0[2] + offs_s[:, None] * s_h0[3],
                       mask=p_ok[None, :] & s_ok[:, None], other=0.0).to(tl.float32)
         acc = tl.dot(c32, h0t, input_precision=PREC) * tl.exp(cs)[:, None]
         w = tl.exp(tl.where(anc, cs[:, None] - cs[None, :], float("-inf"))) * cb * a[None, :]
-        xh = tl.load(x_ptr + b * s_xb + h * s_xh + nodes[:, None] * s_xn + offs_p[None, :] * s_xp,
+        xh = tl.load(x_ptr + b * s_x[0] + h * s_x[2] + nodes[:, None] * s_x[1] + offs_p[None, :] * s_x[3],
                      mask=ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.dot(w, xh, input_precision=PREC) + tl.load(D_ptr + h).to(tl.float32) * xh
-        tl.store(y_ptr + b * s_yb + h * s_yh + nodes[:, None] * s_yn + offs_p[None, :] * s_yp,
+        tl.store(y_ptr + b * s_y[0] + h * s_y[2] + nodes[:, None] * s_y[1] + offs_p[None, :] * s_y[3],
                  acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & p_ok[None, :])
 
 
 @triton.jit
 def _tree_scan_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, par_ptr, h0_ptr, y_ptr,
-    N, H, P, S, heads_per_group,
-    s_xb, s_xn, s_xh, s_xp,
-    s_db, s_dn, s_dh,
-    s_Bb, s_Bn, s_Bg, s_Bs,
-    s_Cb, s_Cn, s_Cg, s_Cs,
-    s_pb, s_pn,
-    s_hb, s_hh, s_hp, s_hs,
-    s_yb, s_yn, s_yh, s_yp,
+    N, H, P, S, heads_per_group, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
     BM: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
     IS_CHAIN: tl.constexpr, HALF: tl.constexpr,
 ):
@@ -139,26 +126,26 @@ def _tree_scan_kernel(
     p_ok = offs_p < P
     A_h = tl.load(A_ptr + h).to(tl.float32)
 
-    x_b = x_ptr + b * s_xb + h * s_xh
-    dt_b = dt_ptr + b * s_db + h * s_dh
-    B_b = B_ptr + b * s_Bb + g * s_Bg
-    C_b = C_ptr + b * s_Cb + g * s_Cg
-    par_b = par_ptr + b * s_pb
-    h0_b = h0_ptr + b * s_hb + h * s_hh
+    x_b = x_ptr + b * s_x[0] + h * s_x[2]
+    dt_b = dt_ptr + b * s_dt[0] + h * s_dt[2]
+    B_b = B_ptr + b * s_B[0] + g * s_B[2]
+    C_b = C_ptr + b * s_C[0] + g * s_C[2]
+    par_b = par_ptr + b * s_par[0]
+    h0_b = h0_ptr + b * s_h0[0] + h * s_h0[1]
 
     if IS_CHAIN:
-        S_rows = _chain_sums(dt_b, s_dn, rows, N, A_h, BN)
+        S_rows = _chain_sums(dt_b, s_dt[1], rows, N, A_h, BN)
     else:
-        S_rows = _walk_sums(par_b, dt_b, s_pn, s_dn, tl.where(row_ok, rows, -1), A_h)
+        S_rows = _walk_sums(par_b, dt_b, s_par[1], s_dt[1], tl.where(row_ok, rows, -1), A_h)
 
     # Committed-state term: exp(S_i) * C_i . H_0[p, :]
     acc = tl.zeros([BM, BP], dtype=tl.float32)
     for s0 in range(0, S, BS):
         offs_s = s0 + tl.arange(0, BS)
         s_ok = offs_s < S
-        c = tl.load(C_b + rows[:, None] * s_Cn + offs_s[None, :] * s_Cs,
+        c = tl.load(C_b + rows[:, None] * s_C[1] + offs_s[None, :] * s_C[3],
                     mask=row_ok[:, None] & s_ok[None, :], other=0.0).to(tl.float32)
-        h0t = tl.load(h0_b + offs_p[None, :] * s_hp + offs_s[:, None] * s_hs,
+        h0t = tl.load(h0_b + offs_p[None, :] * s_h0[2] + offs_s[:, None] * s_h0[3],
                       mask=p_ok[None, :] & s_ok[:, None], other=0.0).to(tl.float32)
         acc += tl.dot(c, h0t, input_precision=PREC)
     acc = acc * tl.exp(S_rows)[:, None]
@@ -169,27 +156,27 @@ def _tree_scan_kernel(
     for c0 in range(0, n_cols, BN):
         cols = c0 + tl.arange(0, BN)
         col_ok = cols < n_cols
-        a_c = tl.load(dt_b + cols * s_dn, mask=col_ok, other=0.0).to(tl.float32)
+        a_c = tl.load(dt_b + cols * s_dt[1], mask=col_ok, other=0.0).to(tl.float32)
         if IS_CHAIN:
             S_cols = running + tl.cumsum(a_c * A_h, 0)
             running += tl.sum(a_c * A_h, 0)
             anc = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
         else:
-            S_cols = _walk_sums(par_b, dt_b, s_pn, s_dn, tl.where(col_ok, cols, -1), A_h)
+            S_cols = _walk_sums(par_b, dt_b, s_par[1], s_dt[1], tl.where(col_ok, cols, -1), A_h)
             # Ancestor mask of (rows, cols): walk each row up until it leaves this column block.
             anc = tl.zeros([BM, BN], dtype=tl.int1)
             cur = tl.where(row_ok, rows, -1)
             while tl.max(cur, 0) >= c0:
                 anc = anc | (cur[:, None] == cols[None, :])
-                up = tl.load(par_b + cur * s_pn, mask=cur >= 0, other=-1).to(tl.int32)
+                up = tl.load(par_b + cur * s_par[1], mask=cur >= 0, other=-1).to(tl.int32)
                 cur = tl.where((cur >= 0) & (up < cur), up, -1)
         cb = tl.zeros([BM, BN], dtype=tl.float32)
         for s0 in range(0, S, BS):
             offs_s = s0 + tl.arange(0, BS)
             s_ok = offs_s < S
-            c = tl.load(C_b + rows[:, None] * s_Cn + offs_s[None, :] * s_Cs,
+            c = tl.load(C_b + rows[:, None] * s_C[1] + offs_s[None, :] * s_C[3],
                         mask=row_ok[:, None] & s_ok[None, :], other=0.0)
-            bt = tl.load(B_b + cols[None, :] * s_Bn + offs_s[:, None] * s_Bs,
+            bt = tl.load(B_b + cols[None, :] * s_B[1] + offs_s[:, None] * s_B[3],
                          mask=col_ok[None, :] & s_ok[:, None], other=0.0)
             if HALF:
                 cb += tl.dot(c, bt)
@@ -197,14 +184,14 @@ def _tree_scan_kernel(
                 cb += tl.dot(c.to(tl.float32), bt.to(tl.float32), input_precision="ieee")
         seg = tl.where(anc, S_rows[:, None] - S_cols[None, :], float("-inf"))
         w = tl.exp(seg) * cb * a_c[None, :]
-        xc = tl.load(x_b + cols[:, None] * s_xn + offs_p[None, :] * s_xp,
+        xc = tl.load(x_b + cols[:, None] * s_x[1] + offs_p[None, :] * s_x[3],
                      mask=col_ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
         acc += tl.dot(w, xc, input_precision=PREC)
 
-    x_rows = tl.load(x_b + rows[:, None] * s_xn + offs_p[None, :] * s_xp,
+    x_rows = tl.load(x_b + rows[:, None] * s_x[1] + offs_p[None, :] * s_x[3],
                      mask=row_ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
     acc += tl.load(D_ptr + h).to(tl.float32) * x_rows
-    tl.store(y_ptr + b * s_yb + h * s_yh + rows[:, None] * s_yn + offs_p[None, :] * s_yp,
+    tl.store(y_ptr + b * s_y[0] + h * s_y[2] + rows[:, None] * s_y[1] + offs_p[None, :] * s_y[3],
              acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & p_ok[None, :])
 
 
@@ -251,8 +238,7 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
     bn = max(16, triton.next_power_of_2(n))
     bp = block_p or min(32, max(16, triton.next_power_of_2(p)))
     common = (x, dt, A, Bm, Cm, D, parents, ssm_state, y)
-    strides = (*x.stride(), *dt.stride(), *Bm.stride(), *Cm.stride(), *parents.stride(),
-               *ssm_state.stride(), *y.stride())
+    strides = tuple(t.stride() for t in (x, dt, Bm, Cm, parents, ssm_state, y))
     if n <= SMALL_MAX_NODES and s <= 256 and (block_m is None or block_m >= bn):
         hb = heads_per_program or 1  # sharing the mask and C.B^T between heads measured slower
         if hpg % hb:

@@ -21,7 +21,14 @@ from stree.kernels import backend
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
-from stree.verifier.model.treeflash import TreeFlashConfig, TreeFlashNet, save_treeflash
+from stree.verifier.model.treeflash import (
+    DEFAULT_D_MODEL,
+    DEFAULT_DEPTH,
+    DEFAULT_N_LAYER,
+    TreeFlashConfig,
+    TreeFlashNet,
+    save_treeflash,
+)
 
 from stree.training.corpus import DEFAULT_PACKAGES, build_corpus, tokenize
 from stree.training.loop import PhaseConfig, run_phase
@@ -35,9 +42,9 @@ TF_LOG_FILE, TF_PLOT_FILE = "treeflash_log.json", "treeflash_loss.png"
 class TreeFlashTrainConfig:
     target: str = "checkpoints/demo-target"
     out: str = "checkpoints"
-    d_model: int = 128
-    depth: int = 4
-    n_layer: int = 2
+    d_model: int = DEFAULT_D_MODEL
+    depth: int = DEFAULT_DEPTH
+    n_layer: int = DEFAULT_N_LAYER
     steps: int = 2000
     minutes: float | None = None
     batch_size: int = 16

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from stree.protocols import ContextSession, DraftBudget, SamplingParams, TokenTree
+from stree.protocols import DraftBudget, SamplingParams, TokenTree
 
+from stree.drafter_service.drafters.session import DrafterSession
 from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
 
 
@@ -25,29 +26,26 @@ class NgramDrafter:
     name = "ngram"
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 4, max_branches: int = 8, max_scan: int = 64):
-        if int(min_ngram) < 1:
+        self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
+        self.max_branches, self.max_scan = int(max_branches), int(max_scan)
+        if self.min_ngram < 1:
             raise ValueError(f"ngram drafter: min_ngram must be >= 1, got {min_ngram}")
-        if int(max_ngram) < int(min_ngram):
+        if self.max_ngram < self.min_ngram:
             raise ValueError(f"ngram drafter: max_ngram ({max_ngram}) must be >= min_ngram ({min_ngram})")
-        if int(max_branches) < 1 or int(max_scan) < 1:
+        if self.max_branches < 1 or self.max_scan < 1:
             raise ValueError(
                 f"ngram drafter: max_branches and max_scan must be >= 1, got {max_branches} and {max_scan}"
             )
-        self.min_ngram = int(min_ngram)
-        self.max_ngram = int(max_ngram)
-        self.max_branches = int(max_branches)
-        self.max_scan = int(max_scan)
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "NgramSession":
         return NgramSession(prompt_ids, params, self)
 
 
-class NgramSession(ContextSession):
+class NgramSession(DrafterSession):
     """One generation's context plus, per n, a map from each n-gram to the positions where it ends."""
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, drafter: NgramDrafter):
-        super().__init__(prompt_ids, params)
-        self.drafter = drafter
+        super().__init__(prompt_ids, params, drafter)
         self._index: dict[int, dict[tuple, list[int]]] = {
             n: {} for n in range(drafter.min_ngram, drafter.max_ngram + 1)
         }

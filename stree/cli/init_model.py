@@ -1,10 +1,19 @@
-"""``stree init-model``: write a random Mamba2 or hybrid checkpoint (with a tokenizer) that loads back."""
+"""``stree init-model``: write a random Mamba2 or hybrid checkpoint (with a tokenizer) that loads back.
+
+Its size flags are ``init_model``'s integer keywords, so names and defaults live in one place.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 from stree.verifier.model.checkpoint import init_model, load_model
+
+_INT_KEYWORDS = ("d_model", "n_layer", "vocab_size", "seed", "d_state", "headdim", "expand", "ngroups",
+                 "d_intermediate", "num_heads")
+"""``init_model``'s integer keywords, each a ``--kebab-case`` flag with the function's own default."""
+_HELP = {"d_intermediate": "gated MLP width (0: none)", "num_heads": "attention heads (hybrid)"}
 
 
 def parse_layer_list(text: str, flag: str = "--attn-layers") -> list[int]:
@@ -17,11 +26,8 @@ def parse_layer_list(text: str, flag: str = "--attn-layers") -> list[int]:
 
 def run(args) -> int:
     out = init_model(
-        args.out_dir, arch=args.arch, d_model=args.d_model, n_layer=args.n_layer,
-        attn_layers=parse_layer_list(args.attn_layers) if args.attn_layers else None,
-        vocab_size=args.vocab_size, seed=args.seed, d_state=args.d_state, headdim=args.headdim,
-        expand=args.expand, ngroups=args.ngroups, d_intermediate=args.d_intermediate,
-        num_heads=args.num_heads, fmt=args.format,
+        args.out_dir, arch=args.arch, attn_layers=parse_layer_list(args.attn_layers) if args.attn_layers else None,
+        fmt=args.format, **{name: getattr(args, name) for name in _INT_KEYWORDS},
     )
     model = load_model(out)
     n_params = sum(p.numel() for p in model.parameters())
@@ -34,16 +40,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("init-model", help="write a random checkpoint in mamba_ssm's format")
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--arch", choices=["mamba2", "hybrid"], default="mamba2")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--attn-layers", default=None, help="comma-separated attention layer indices (hybrid)")
-    p.add_argument("--vocab-size", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--d-state", type=int, default=16)
-    p.add_argument("--headdim", type=int, default=16)
-    p.add_argument("--expand", type=int, default=2)
-    p.add_argument("--ngroups", type=int, default=1)
-    p.add_argument("--d-intermediate", type=int, default=0, help="gated MLP width (0: none)")
-    p.add_argument("--num-heads", type=int, default=None, help="attention heads (hybrid)")
+    defaults = inspect.signature(init_model).parameters
+    for name in _INT_KEYWORDS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name].default, help=_HELP.get(name))
     p.add_argument("--format", choices=["safetensors", "bin"], default="safetensors")
     p.set_defaults(func=run)

@@ -11,7 +11,7 @@ autoregressive distribution of a child given its parent. Saved as config.json + 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -22,6 +22,8 @@ from stree.verifier.model.weights_home import WeightsHome
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+DEFAULT_D_MODEL, DEFAULT_DEPTH, DEFAULT_N_LAYER = 128, 4, 2
+"""The drafter's default width, depths and mixer blocks, shared with its training config and CLI flags."""
 
 
 @dataclass(frozen=True)
@@ -30,15 +32,15 @@ class TreeFlashConfig:
 
     d_target: int
     vocab_size: int
-    d_model: int = 128
-    depth: int = 4
-    n_layer: int = 2
+    d_model: int = DEFAULT_D_MODEL
+    depth: int = DEFAULT_DEPTH
+    n_layer: int = DEFAULT_N_LAYER
     mlp_mult: int = 2
 
     def __post_init__(self):
-        for name in ("d_target", "vocab_size", "d_model", "depth", "n_layer", "mlp_mult"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"TreeFlashConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for f in fields(self):
+            if int(getattr(self, f.name)) < 1:
+                raise ValueError(f"TreeFlashConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
 
 
 class _MLP(nn.Module):

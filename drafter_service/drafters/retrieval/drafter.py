@@ -12,9 +12,10 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from stree.protocols import ContextSession, DraftBudget, SamplingParams, TokenTree
+from stree.protocols import DraftBudget, SamplingParams, TokenTree
 
 from stree.drafter_service.drafters.retrieval.datastore import Datastore
+from stree.drafter_service.drafters.session import DrafterSession
 from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
 
 
@@ -46,12 +47,8 @@ class RetrievalDrafter:
         return RetrievalSession(prompt_ids, params, self)
 
 
-class RetrievalSession(ContextSession):
+class RetrievalSession(DrafterSession):
     """A context list; each draft looks its suffix up in the shared datastore."""
-
-    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, drafter: RetrievalDrafter):
-        super().__init__(prompt_ids, params)
-        self.drafter = drafter
 
     def draft(self, budget: DraftBudget) -> TokenTree:
         """The most frequent continuations of the longest matching suffix, best-first under ``budget``."""

@@ -1,0 +1,19 @@
+"""``DrafterSession``: a ``ContextSession`` that keeps the drafter which opened it.
+
+The n-gram and retrieval drafters hold their settings (and the retrieval datastore) on the drafter
+and only the per-generation state on the session, which reads the settings back through ``drafter``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from stree.protocols import ContextSession, SamplingParams
+
+
+class DrafterSession(ContextSession):
+    """The token context as a list, plus ``drafter``: the drafter whose ``open`` started it."""
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, drafter):
+        super().__init__(prompt_ids, params)
+        self.drafter = drafter
