@@ -406,7 +406,7 @@ class Engine:
             try:
                 graph = self._capture(fn)
             except Exception as exc:  # noqa: BLE001 - a capture failure costs speed, never output
-                log.warning("step graph capture failed (%r); running eagerly from now on", exc)
+                log.warning("step graph capture failed (%r); running eagerly from now on", exc, exc_info=True)
                 self.graphs_failed = True
                 fn()
                 return
@@ -430,9 +430,11 @@ class Engine:
     def _capture(self, fn):
         """Capture ``fn`` as a graph, then restore every state its warm-up runs advanced."""
         saved = [t.clone() for t in self._mutable()]
-        graph, _ = capture_graph(fn, warmup=2)
-        for t, s in zip(self._mutable(), saved):
-            t.copy_(s)
+        try:
+            graph, _ = capture_graph(fn, warmup=2)
+        finally:  # also when the capture fails: the eager fallback must start from the same state
+            for t, s in zip(self._mutable(), saved):
+                t.copy_(s)
         return graph
 
     def _mutable(self) -> list[torch.Tensor]:

@@ -94,8 +94,10 @@ class GraphedLM:
     def _capture(self, fn: Callable):
         """Capture ``fn``, then put the state back as it was before the warm-up runs."""
         snapshot = self.state.clone()
-        graph, out = capture_graph(fn, warmup=2)
-        self._copy_state(self.state, snapshot)
+        try:
+            graph, out = capture_graph(fn, warmup=2)
+        finally:  # a failed capture must not leave the warm-up runs' steps behind either
+            self._copy_state(self.state, snapshot)
         return graph, out
 
     # ----- the model's inference API ----------------------------------------------------------
