@@ -165,10 +165,12 @@ def run(args) -> int:
     prompt_sets = {s: encode_prompts(tokenizer, load_prompt_set(s, args.num_prompts, paths.get(s), args.data_dir),
                                      args.max_prompt_tokens) for s in sets}
     drafters = {m: make_drafter(m, draft, datastore, args) for m in methods if m != "mamba_ssm"}
-    warm = prompt_sets[sets[0]][0][1]
-    for m, d in drafters.items():  # graph captures and kernel compilation happen here, not in the timings
+    # graph captures and kernel compilation happen here, not in the timings; the longest prompt sizes each
+    # method's engine for every prompt to come (a larger one later would be rebuilt and recaptured mid-run)
+    warm = max((ids for s in sets for _, ids in prompt_sets[s]), key=len)
+    for m, d in drafters.items():
         for t in args.temperatures:
-            generate(target, warm, drafter=d, max_new_tokens=min(32, args.max_new_tokens), temperature=t, seed=0)
+            generate(target, warm, drafter=d, max_new_tokens=args.max_new_tokens, temperature=t, seed=0)
     rows = []
     cases = [(s, t, m) for s in sets for t in args.temperatures for m in methods]
     plain_out: dict = {}

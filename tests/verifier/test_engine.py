@@ -224,3 +224,41 @@ def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
     prompts = [[5, 9, 13], [2]]
     reqs = engine.run([Request(p, max_new_tokens=20) for p in prompts])
     assert [r.output for r in reqs] == [_reference(model, p, 20) for p in prompts]
+
+
+def test_a_capture_that_fails_after_its_warm_up_runs_loses_nothing(models, monkeypatch):
+    """capture_graph runs the step twice for real before it captures; when the capture then fails (an op
+    the graph cannot hold), the engine goes eager, and the state those runs advanced must be restored."""
+    from stree.verifier.decode import engine as engine_mod
+
+    def warm_up_then_fail(fn, warmup=1):
+        for _ in range(warmup):
+            fn()
+        raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(engine_mod, "capture_graph", warm_up_then_fail)
+    model, draft = models["hybrid"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=2, max_seqlen=96)
+    engine.cuda_graphs = True
+    prompts = [[5, 9, 13], [2, 4]]
+    reqs = engine.run([Request(p, max_new_tokens=12) for p in prompts])
+    assert engine.graphs_failed
+    assert [r.output for r in reqs] == [_reference(model, p, 12) for p in prompts]
+
+
+def test_mixed_prompt_lengths_share_one_engine(models):
+    """generate() keeps one engine (and its CUDA graphs) per drafter: a call that needs less room than
+    the cached engine has reuses it, one that needs more replaces it with a larger one, never a smaller."""
+    from stree.verifier.decode.loop import engine_for
+
+    model, draft = models["mamba2"], models["draft"]
+    drafter = DeviceTreeDrafter(draft)
+    from stree.protocols.drafter import DEFAULT_BUDGET
+
+    args = (["chain:2"], 1, False, DEFAULT_BUDGET)
+    short = engine_for(model, drafter, args[0], args[1], 300, *args[2:])
+    assert engine_for(model, drafter, args[0], args[1], 900, *args[2:]) is short
+    long = engine_for(model, drafter, args[0], args[1], 1500, *args[2:])
+    assert long is not short
+    assert engine_for(model, drafter, args[0], args[1], 300, *args[2:]) is long
+    assert engine_for(model, drafter, args[0], args[1], 1900, *args[2:]) is long

@@ -307,20 +307,25 @@ def generate(
 def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_graphs, budget) -> Engine:
     """The model's cached engine for this drafter and these shapes (its CUDA graphs are reused across calls).
 
-    Room per sequence is rounded up to a multiple of 1024 tokens so similar calls share an engine.
+    Room per sequence is rounded up to a multiple of 1024 tokens, and an engine with more room than a
+    call needs serves it: prompts of mixed lengths must not rebuild the engine (and recapture every
+    graph) each time they cross a multiple of 1024. A longer call replaces it with a larger one.
     """
     room = -(-max_seqlen // 1024) * 1024
     owner = id(drafter) if drafter not in (None, "host") else drafter  # one engine per device drafter: it owns its state
-    config = (tuple(str(s) for s in shapes), max_batch, room, cuda_graphs, budget)
+    config = (tuple(str(s) for s in shapes), max_batch, cuda_graphs, budget)
     cache = model.__dict__.setdefault("_stree_engines", {})
     cached = cache.get(owner)
     if cached is not None and cached[0] == config and not cached[1].has_work:
-        return cached[1]
+        if cached[2] >= room:
+            return cached[1]
     if cached is None and len(cache) >= 8:  # bounded: each engine holds state for max_batch sequences
         cache.pop(next(iter(cache)))
+    if cached is not None and cached[0] == config:
+        room = max(room, cached[2])
     engine = Engine(model, drafter, shapes, max_batch=max_batch, max_seqlen=room, cuda_graphs=cuda_graphs,
                     goodput=len(shapes) > 1, budget=budget)
-    cache[owner] = (config, engine)
+    cache[owner] = (config, engine, room)
     return engine
 
 
