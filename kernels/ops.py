@@ -6,6 +6,7 @@ import importlib
 
 from stree.kernels import backend
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
+from stree.kernels.linear import linear  # noqa: F401 - the model's projections call ops.linear
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.rotary import rotary_inv_freq
 
@@ -128,3 +129,4 @@ def add_rmsnorm(x, residual, weight, eps, residual_in_fp32=True):
 
 def gated_rmsnorm(y, z, weight, group_size, eps, norm_before_gate=False):
     return get("gated_rmsnorm", y.device)(y, z, weight, group_size, eps, norm_before_gate)
+

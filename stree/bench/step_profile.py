@@ -3,7 +3,8 @@
 Runs a few eager engine steps of each tree shape under the torch profiler (phases marked with
 ``record_function``: draft, target tree pass, verify, target commit, draft commit), and prints the
 kernels launched and the GPU time of each phase, then every shape's CUDA-graph replay time and the
-graphed cost of one draft-model step, one draft tree pass, one target step and one target tree pass;
+graphed cost of each shape's draft alone, one draft-model step, one draft tree pass, one target step and
+one target tree pass (TreeFlash's drafters too, given its checkpoint);
 last, GPU time and launches by kernel name for each component, and cuBLAS's time for the model's
 linear layers at the row counts a tree pass feeds them.
 """
@@ -107,13 +108,19 @@ def _print_breakdown(name: str, table: dict) -> None:
         print(f"   {us:8.1f} us {calls:5.1f}x  {kname}")
 
 
-def _matmul_table(d_in: int, d_out: int, dtype) -> dict:
-    """Graphed microseconds per cuBLAS ``[M, d_in] x [d_in, d_out]`` linear at tree-pass row counts."""
+def _matmul_table(d_in: int, d_out: int, dtype, rows=(1, 2, 5, 8, 13, 16, 21, 32)) -> dict:
+    """Graphed microseconds per ``[M, d_in] x [d_in, d_out]`` linear at tree-pass row counts: cuBLAS at M
+    rows (``M5``) and ``ops.linear`` (``M5_padded``: at the row count its timing chose, pad included)."""
+    from stree.kernels import ops
+
     w = torch.randn(d_out, d_in, device="cuda", dtype=dtype)
     out = {}
-    for m in (1, 2, 5, 16, 64):
+    for m in rows:
         x = torch.randn(m, d_in, device="cuda", dtype=dtype)
         out[f"M{m}"] = graphed_us([lambda: torch.nn.functional.linear(x, w)] * 20)
+        with torch.no_grad():
+            ops.linear(x, w)  # decides the padding outside the timing graph
+            out[f"M{m}_padded"] = graphed_us([lambda: ops.linear(x, w)] * 20)
     return out
 
 
@@ -155,9 +162,32 @@ def component_breakdown(target, draft, batch: int, record: dict) -> None:
     d_in_proj, d_inner = mixer.in_proj.weight.shape[0], mixer.out_proj.weight.shape[1]
     record["matmul_us"] = {"in_proj": _matmul_table(cfg.d_model, d_in_proj, target.dtype),
                            "out_proj": _matmul_table(d_inner, cfg.d_model, target.dtype),
-                           "lm_head": _matmul_table(cfg.d_model, cfg.padded_vocab_size, target.dtype)}
+                           "lm_head": _matmul_table(cfg.d_model, cfg.padded_vocab_size, target.dtype),
+                           # the Mamba2-2.7B projections in bf16, for the kernels issue's shape
+                           "2.7b_in_proj_bf16": _matmul_table(2560, 10576, torch.bfloat16, (1, 2, 5, 16, 32)),
+                           "2.7b_out_proj_bf16": _matmul_table(5120, 2560, torch.bfloat16, (1, 2, 5, 16, 32))}
     for name, row in record["matmul_us"].items():
         print(f"== linear {name} us/call:", " ".join(f"{k}={v:.1f}" for k, v in row.items()))
+    from stree.kernels.linear import row_choices
+
+    record["linear_row_padding"] = [[m, list(shape), dt, rows] for (m, shape, dt), rows in row_choices().items()]
+
+
+def _cases(args, draft) -> list:
+    """``(label, device drafter, tree spec)`` per profiled shape: the draft model's for ``--shapes``, and
+    TreeFlash's conditional and marginal drafters on their default tree when ``--treeflash`` has a checkpoint."""
+    from pathlib import Path
+
+    cases = [(spec, DeviceTreeDrafter(draft), spec) for spec in args.shapes]
+    if args.treeflash and (Path(args.treeflash) / "config.json").is_file():
+        from stree.drafter_service.drafters.treeflash.device_draft import TreeFlashDeviceDrafter
+        from stree.drafter_service.drafters.treeflash.drafter import DEFAULT_TREE
+        from stree.verifier.model.treeflash import load_treeflash
+
+        net = load_treeflash(args.treeflash, device="cuda", dtype=draft.dtype)
+        cases += [(name, TreeFlashDeviceDrafter(net, conditional), DEFAULT_TREE)
+                  for name, conditional in (("treeflash", True), ("treeflash-marginal", False))]
+    return cases
 
 
 def run(args) -> int:
@@ -165,16 +195,21 @@ def run(args) -> int:
     target = load_model(args.target, device="cuda", dtype=dtype)
     draft = load_model(args.draft, device="cuda", dtype=dtype)
     record: dict = {"phases": {}, "graph_ms": {}, "components_ms": {}}
-    for spec in args.shapes:
-        engine = Engine(target, DeviceTreeDrafter(draft), [spec], max_batch=args.batch, max_seqlen=512)
-        record["phases"][spec] = phase_table(engine, engine.shapes[0])
+    record["draft_ms"] = {}
+    for label, drafter, spec in _cases(args, draft):
+        engine = Engine(target, drafter, [spec], max_batch=args.batch, max_seqlen=512)
+        record["phases"][label] = phase_table(engine, engine.shapes[0])
         engine.cuda_graphs = True
         engine.add(Request(list(range(10, 40)), max_new_tokens=64))
         while engine.has_work:
             engine.step()
         key = ("tree", engine.shapes[0], False) if spec != "none" else ("none", False)
         if key in engine.graphs:
-            record["graph_ms"][spec] = _replay_ms(engine.graphs[key])
+            record["graph_ms"][label] = _replay_ms(engine.graphs[key])
+        if spec != "none":  # the draft alone (greedy), graphed: what the drafter costs per step
+            shape = engine.shapes[0]
+            record["draft_ms"][label] = graphed_us(
+                [lambda: engine.drafter.draft(shape, engine.roots, engine.sampling, False)]) / 1e3
     b = args.batch
     for name, model in (("draft", draft), ("target", target)):
         state = model.new_state(b, 512)
@@ -195,6 +230,8 @@ def add_parser(sub) -> None:
     add_pair_args(p)
     p.add_argument("--shapes", nargs="+", default=["none", "chain:4", "beam:5x3"])
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--treeflash", default="checkpoints/demo-treeflash",
+                   help="also profile TreeFlash (and its marginal ablation) from this checkpoint, if it exists")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="float32")
     p.add_argument("--out", default=None)
     p.set_defaults(func=run)

@@ -81,3 +81,24 @@ def test_graphed_static_draft_equals_eager_static_draft(gpu_models, spec, temper
         got.append(session.draft(budget))
         trees.append([(t.tokens.tolist(), t.parents.tolist()) for t in got])
     assert trees[0] == trees[1]
+
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_row_padded_linear_matches_cublas(dtype, tol):
+    """ops.linear (row padding chosen by timing) equals F.linear on fresh inputs at every few-row count,
+    and remembers its choice per (rows, weight shape, dtype)."""
+    from stree.kernels import ops
+    from stree.kernels.linear import PAD_ROWS, row_choices
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for k, n in ((256, 1160), (512, 256)):
+        w = torch.randn(n, k, device="cuda", generator=g).to(dtype) / k ** 0.5
+        b = torch.randn(n, device="cuda", generator=g).to(dtype)
+        for m in (1, 2, 5, 13, 21, PAD_ROWS[-1]):
+            x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+            with torch.no_grad():
+                got = ops.linear(x, w, b)
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=tol, rtol=tol)
+            if 1 < m < PAD_ROWS[-1]:
+                assert row_choices()[(m, (n, k), str(dtype).removeprefix("torch."))] in (m,) + PAD_ROWS

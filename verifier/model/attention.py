@@ -16,6 +16,7 @@ from stree.kernels import ops
 from stree.kernels.backend import capturing
 
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.linear import Linear
 
 
 @dataclass
@@ -40,9 +41,9 @@ class Attention(nn.Module):
         self.rotary_interleaved = cfg["rotary_emb_interleaved"]
         self.softmax_scale = cfg["softmax_scale"]
         qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
-        self.in_proj = nn.Linear(d_in or config.d_model, qkv_dim + self.mlp_dim, bias=cfg["qkv_proj_bias"])
+        self.in_proj = Linear(d_in or config.d_model, qkv_dim + self.mlp_dim, bias=cfg["qkv_proj_bias"])
         out_dim = self.head_dim * self.num_heads
-        self.out_proj = nn.Linear(out_dim + self.mlp_dim // 2, config.d_model, bias=cfg["out_proj_bias"])
+        self.out_proj = Linear(out_dim + self.mlp_dim // 2, config.d_model, bias=cfg["out_proj_bias"])
 
     def new_state(self, batch: int, max_seqlen: int, device, dtype) -> AttnLayerState:
         shape = (batch, max_seqlen, self.num_heads_kv, self.head_dim)

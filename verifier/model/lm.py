@@ -20,6 +20,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.linear import Linear
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer
 from stree.verifier.model.parallel_mixer import ParallelMixer
 from stree.verifier.model.shared_block_mixer import SharedBlockMixer
@@ -38,8 +39,8 @@ class GatedMLP(nn.Module):
 
     def __init__(self, d_model: int, hidden: int):
         super().__init__()
-        self.fc1 = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.fc2 = nn.Linear(hidden, d_model, bias=False)
+        self.fc1 = Linear(d_model, 2 * hidden, bias=False)
+        self.fc2 = Linear(hidden, d_model, bias=False)
 
     def forward(self, x):
         a, g = self.fc1(x).chunk(2, dim=-1)
@@ -165,7 +166,7 @@ class TrimmedHead:
         return out
 
     def logits(self, h: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        part = (h @ self.weight.t().to(h.dtype)).float()
+        part = ops.linear(h, self.weight.to(h.dtype)).float()
         out = torch.full((*h.shape[:-1], vocab_size), float("-inf"), device=h.device)
         out[..., self.keep] = part
         return out
@@ -186,7 +187,7 @@ class StreeLM(WeightsHome, nn.Module):
         super().__init__()
         self.config = config
         self.backbone = Backbone(config)
-        self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.backbone.embedding.weight
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from stree.kernels import ops
 
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.linear import Linear
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_limit = tuple(cfg["dt_limit"])
         self.rmsnorm = cfg["rmsnorm"]
         d_in_proj = 2 * cfg["d_inner"] + 2 * self.ngroups * self.d_state + self.nheads
-        self.in_proj = nn.Linear(self.d_model, d_in_proj, bias=cfg["bias"])
+        self.in_proj = Linear(self.d_model, d_in_proj, bias=cfg["bias"])
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, self.d_conv, groups=self.conv_dim,
             padding=self.d_conv - 1, bias=cfg["conv_bias"],
@@ -74,7 +75,7 @@ class Mamba2Mixer(nn.Module):
         self.D_has_hdim = cfg["D_has_hdim"]
         if self.rmsnorm:
             self.norm = GatedRMSNorm(self.d_ssm, self.d_ssm // self.ngroups, cfg["norm_eps"], cfg["norm_before_gate"])
-        self.out_proj = nn.Linear(cfg["d_inner"], self.d_model, bias=cfg["bias"])
+        self.out_proj = Linear(cfg["d_inner"], self.d_model, bias=cfg["bias"])
 
     # ----- shared pieces ------------------------------------------------------------------
     def new_state(self, batch: int, device, dtype) -> MambaLayerState:

@@ -18,6 +18,7 @@ from stree.kernels import ops
 
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.linear import Linear
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaTreeActs
 from stree.verifier.model.parallel_mixer import ParallelLayerState
 
@@ -40,10 +41,10 @@ class SharedBlockMixer(nn.Module):
         self.attn_norm = nn.RMSNorm(2 * d, eps=eps)
         self.attn = Attention(config, d_in=2 * d)
         self.ff_norm = nn.RMSNorm(d, eps=eps)
-        self.gate_up_proj = nn.Linear(d, 2 * int(spec["hidden"]), bias=False)
-        self.down_proj = nn.Linear(int(spec["hidden"]), d, bias=False)
+        self.gate_up_proj = Linear(d, 2 * int(spec["hidden"]), bias=False)
+        self.down_proj = Linear(int(spec["hidden"]), d, bias=False)
         self.act = MLP_ACTIVATIONS[spec["act"]]
-        self.linear = nn.Linear(d, d, bias=False)
+        self.linear = Linear(d, d, bias=False)
         self.mamba_norm = nn.RMSNorm(d, eps=eps)
         self.mamba = Mamba2Mixer(config)
 

@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stree.verifier.model.linear import Linear
+
 
 @dataclass
 class NoLayerState:
@@ -29,8 +31,8 @@ class TokenMLP(nn.Module):
 
     def __init__(self, d_model: int, hidden: int, act: str):
         super().__init__()
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.up_proj = Linear(d_model, hidden, bias=False)
+        self.down_proj = Linear(hidden, d_model, bias=False)
         self.act = ACTIVATIONS[act]
 
     def forward(self, x):
@@ -122,11 +124,11 @@ class SoftmaxMoEMLP(nn.Module):
         self.top_k = spec["top_k"]
         self.routed = n > 0  # no experts: the shared MLP alone (GraniteMoeHybrid with num_local_experts=0)
         if self.routed:
-            self.router = nn.Linear(d_model, n, bias=False)
+            self.router = Linear(d_model, n, bias=False)
             self.gate_up_proj = nn.Parameter(torch.zeros(n, 2 * hidden, d_model))
             self.down_proj = nn.Parameter(torch.zeros(n, d_model, hidden))
-        self.shared_in = nn.Linear(d_model, 2 * spec["shared_hidden"], bias=False)
-        self.shared_out = nn.Linear(spec["shared_hidden"], d_model, bias=False)
+        self.shared_in = Linear(d_model, 2 * spec["shared_hidden"], bias=False)
+        self.shared_out = Linear(spec["shared_hidden"], d_model, bias=False)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router(x).float()

@@ -1,0 +1,70 @@
+"""``y = x W^T + b`` for the few rows a tree pass feeds a projection, with autotuned row padding.
+
+cuBLAS picks poor kernels at some small row counts: measured on the H100 (fp32, the demo target),
+its in_proj takes 15.5 us at 5 rows against 4.0 at 8 and 7.0 at 16, and every tree pass pays that
+per layer. So, once per (rows, weight shape, dtype, device), ``linear`` times the plain call
+against zero-padding the input to 8, 16 or 32 rows (pad included, in a CUDA graph) and keeps a
+padding only where it is clearly faster. A Triton few-row GEMM was tried first and measured
+slower than cuBLAS at most row counts (see BENCHMARKS.md), so cuBLAS stays the only GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from stree.kernels.backend import capturing
+from stree.kernels.cuda_graph import capture_graph
+
+PAD_ROWS = (8, 16, 32)  # row counts a few-row input may be padded to
+MIN_GAIN = 0.85  # pad only when it takes at most this fraction of the plain call's time
+_CHOICE: dict = {}
+
+
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``F.linear`` computed on ``x`` zero-padded to ``rows`` rows (``rows`` >= x's rows), padding dropped."""
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if rows < m:
+        raise ValueError(f"padded_linear: cannot pad {m} rows down to {rows}")
+    y = F.linear(F.pad(x2, (0, 0, 0, rows - m)) if rows > m else x2, weight, bias)[:m]
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _graphed_us(fn, reps: int = 20) -> float:
+    graph, _ = capture_graph(lambda: [fn() for _ in range(reps)])
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (3 * reps)
+
+
+def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The row count to run an ``m``-row input at (``m`` itself unless a padding measured clearly faster)."""
+    key = (m, tuple(weight.shape), weight.dtype, weight.device, bias is not None)
+    if key not in _CHOICE:
+        if capturing():  # no timing inside a capture: unpadded, and decided on the next eager call
+            return m
+        x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        times = {r: _graphed_us(lambda r=r: padded_linear(x, weight, bias, r)) for r in (m,) + PAD_ROWS if r >= m}
+        best = min(times, key=times.get)
+        _CHOICE[key] = best if times[best] <= MIN_GAIN * times[m] else m
+    return _CHOICE[key]
+
+
+def row_choices() -> dict:
+    """What was decided so far: ``{(rows, (out, in), dtype): padded rows}`` (for benchmarks and tests)."""
+    return {(k[0], k[1], str(k[2]).removeprefix("torch.")): v for k, v in _CHOICE.items()}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; CUDA inference with at most ``PAD_ROWS[-1]`` rows runs at ``choose_rows``'s row count."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (not x.is_cuda or not 1 < m < PAD_ROWS[-1]
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    return padded_linear(x, weight, bias, choose_rows(m, weight, bias))
