@@ -144,6 +144,7 @@ def test_greedy_children_are_the_top_tokens_and_marginal_siblings_agree():
     net = _net(8, 12, sharpen=3.0, seed=2)
     for conditional in (True, False):
         _, draft, states = _drafts(net, conditional, temperature=0.0, batch=2)
+        assert draft.q is None  # greedy: no warped law is computed (the engine verifies by argmax)
         top = net.marginal_logits(states[:, 0]).topk(3).indices if not conditional else \
             net.conditional_logits(states[:, 0], draft.tokens[:, 0]).topk(3).indices
         assert torch.equal(draft.tokens[:, 1:4], top)

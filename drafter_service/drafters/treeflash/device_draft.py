@@ -90,13 +90,16 @@ class TreeFlashDeviceDrafter:
         states = self.net.depth_states(self.hidden, roots)  # the single pass: [B, K, d]
         tokens = torch.zeros(b, n, dtype=torch.long, device=roots.device)
         tokens[:, 0] = roots
-        q = torch.zeros(b, n, vocab, device=roots.device)
+        # greedy drafts need neither the warped draft law (a sort over the vocabulary per level) nor its q rows
+        q = torch.zeros(b, n, vocab, device=roots.device) if any_sampled else None
         sampled = (sampling.temperature > 0)[:, None, None]
         for d, w in enumerate(shape.widths):
             lo, hi = starts[d], starts[d] + sizes[d]
             rows = self.level_logits(states, d, tokens[:, lo:hi])
-            probs = sampling.warp(rows)
-            q[:, lo:hi] = probs
+            probs = None
+            if any_sampled:
+                probs = sampling.warp(rows)
+                q[:, lo:hi] = probs
             picks = pick_children(rows, probs, w, sampled, any_sampled, self.generator)
             tokens[:, starts[d + 1]: starts[d + 1] + sizes[d + 1]] = picks.reshape(b, -1)
         return DeviceDraft(tokens, self._static_parents(shape, b), q, DraftMode.WITHOUT_REPLACEMENT)
