@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
+from safetensors.torch import save_file
 
 from stree.protocols.token_tree import TokenTree
 
@@ -119,6 +122,13 @@ def _zamba2(**over):
     return _build("Zamba2", kw, routing=("adapter_list",))
 
 
+def mamba2_tiny(**over):
+    """transformers' plain Mamba2ForCausalLM (two layers, grouped B/C)."""
+    kw = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, head_dim=8, num_heads=8,
+              n_groups=2, chunk_size=16, tie_word_embeddings=False, layer_norm_epsilon=1e-2)
+    return _build("Mamba2", {**kw, **over})
+
+
 BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1,
             "zamba2": _zamba2}
 DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"]),
@@ -132,3 +142,65 @@ def _tf():
     import transformers
 
     return transformers
+
+
+# MambaInLlama (jxiw/MambaInLlama mamba2/): Llama config.json + mamba_config.json, written in their key names
+D, HEADS, KV, HD, FF, EPS = 32, 4, 2, 8, 48, 1e-2
+D_STATE, NGROUPS, D_INNER, D_XB, K = 8, 4, 32, 16, 4  # d_xb = KV*HD: each x/B group serves 2 heads
+
+
+def mambainllama_tiny(n_layer: int, attn_layers: list[int], before_conv: bool = False, seed: int = 0) -> tuple[dict, dict, dict]:
+    """(config.json, mamba_config.json, state dict) with their key names and random weights."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.2, lo=None, hi=None):
+        if lo is not None:
+            return torch.empty(shape).uniform_(lo, hi, generator=g)
+        return torch.randn(shape, generator=g) * scale
+
+    sd = {"model.embed_tokens.weight": rnd(V, D, scale=1.0), "model.norm.weight": rnd(D, lo=0.5, hi=1.5),
+          "lm_head.weight": rnd(V, D)}
+    conv_dim = 3 * D_INNER if before_conv else D_INNER + 2 * D_XB
+    for i in range(n_layer):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = rnd(D, lo=0.5, hi=1.5)
+        sd[p + "post_attention_layernorm.weight"] = rnd(D, lo=0.5, hi=1.5)
+        for name, shape in (("gate_proj", (FF, D)), ("up_proj", (FF, D)), ("down_proj", (D, FF))):
+            sd[p + f"mlp.{name}.weight"] = rnd(*shape)
+        if i in attn_layers:
+            for name, rows in (("q_proj", HEADS * HD), ("k_proj", KV * HD), ("v_proj", KV * HD)):
+                sd[p + f"self_attn.{name}.weight"] = rnd(rows, D)
+            sd[p + "self_attn.o_proj.weight"] = rnd(D, HEADS * HD)
+        else:
+            m = p + "mamba."
+            sd[m + "in_proj.weight"] = rnd(2 * D_INNER + 2 * D_XB + NGROUPS, D)
+            sd[m + "conv1d.weight"] = rnd(conv_dim, 1, K, scale=0.4)
+            sd[m + "conv1d.bias"] = rnd(conv_dim, scale=0.1)
+            sd[m + "dt_bias"] = rnd(NGROUPS, lo=-3.0, hi=0.0)
+            sd[m + "A_log"] = rnd(NGROUPS, lo=-1.0, hi=1.0)
+            sd[m + "D"] = rnd(NGROUPS, lo=0.5, hi=1.5)
+            sd[m + "norm.weight"] = rnd(D_INNER, lo=0.5, hi=1.5)
+            sd[m + "out_proj.weight"] = rnd(D, D_INNER)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D, "intermediate_size": FF,
+           "num_hidden_layers": n_layer, "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HD,
+           "vocab_size": V, "rms_norm_eps": EPS, "rope_theta": 500000.0, "rope_scaling": None, "hidden_act": "silu",
+           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    ssm_cfg = {"expand": 1, "ngroups": NGROUPS, "d_state": D_STATE}
+    if before_conv:
+        ssm_cfg["repeat_kv_before_conv"] = True
+    mcfg = {"d_model": D, "ssm_cfg": ssm_cfg, "rms_norm_eps": EPS, "vocab_size": V, "d_inner": D_INNER,
+            "d_xb": D_XB, "intermediate_size": FF, "hidden_act": "silu", "n_layer": n_layer,
+            "attn_layers": attn_layers}
+    return cfg, mcfg, sd
+
+
+def write_mambainllama(out, cfg, mcfg, sd):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    if mcfg is not None:
+        (out / "mamba_config.json").write_text(json.dumps(mcfg))
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))
+    return out
+
+
+# ----- reference forward (float64, sequential scan) ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GPU: for one tiny model per Hugging Face family, the Triton kernel path equals the reference path (fp32 greedy)."""
+"""GPU: for one tiny model per supported checkpoint family (transformers' classes and MambaInLlama), the Triton
+kernel path equals the reference path (fp32 greedy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import stree
 from stree.kernels import backend
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.model.checkpoint import load_model
-from hf_helpers import BUILDERS, DRAFTS, save_tiny
+from hf_helpers import BUILDERS, DRAFTS, mamba2_tiny, mambainllama_tiny, save_tiny, write_mambainllama
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,10 +32,20 @@ def _run(name: str, dirs, kernels: str):
         backend.use(None)
 
 
-@pytest.mark.parametrize("name", sorted(BUILDERS))
+def _tiny_pair(name: str, root) -> dict:
+    """Target and draft checkpoint folders for family ``name``, written in that family's own format."""
+    if name == "mamba2":
+        return {"target": save_tiny(mamba2_tiny(), root / "t"), "draft": save_tiny(mamba2_tiny(num_hidden_layers=1),
+                                                                                   root / "d")}
+    if name == "mambainllama":
+        return {"target": write_mambainllama(root / "t", *mambainllama_tiny(3, [1])),
+                "draft": write_mambainllama(root / "d", *mambainllama_tiny(1, [], seed=1))}
+    return {"target": save_tiny(BUILDERS[name](), root / "t"), "draft": save_tiny(BUILDERS[name](**DRAFTS[name]), root / "d")}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS) + ["mamba2", "mambainllama"])
 def test_triton_path_equals_reference_path(name, tmp_path):
-    hf = BUILDERS[name]()
-    dirs = {"target": save_tiny(hf, tmp_path / "t"), "draft": save_tiny(BUILDERS[name](**DRAFTS[name]), tmp_path / "d")}
+    dirs = _tiny_pair(name, tmp_path)
     ref_scores, ref_outs = _run(name, dirs, "torch")
     tri_scores, tri_outs = _run(name, dirs, "triton")
     torch.testing.assert_close(tri_scores, ref_scores, atol=2e-3, rtol=2e-3)

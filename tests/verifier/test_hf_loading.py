@@ -11,20 +11,10 @@ import stree
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.generation_settings import load_generation_settings
 from stree.verifier.model.tokenizer import char_tokenizer
-from hf_helpers import hf_logits, perturb_, save_tiny
+from hf_helpers import hf_logits, mamba2_tiny, save_tiny
 
 transformers = pytest.importorskip("transformers")
 V = 64
-
-
-def _mamba2(**over):
-    kw = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, head_dim=8, num_heads=8,
-              n_groups=2, chunk_size=16, tie_word_embeddings=False, layer_norm_epsilon=1e-2)
-    kw.update(over)
-    torch.manual_seed(0)
-    hf = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**kw)).eval()
-    perturb_(hf)
-    return hf
 
 
 def _edit_config(folder, **fields):
@@ -35,7 +25,7 @@ def _edit_config(folder, **fields):
 
 
 def test_mamba2_mixer_norm_eps_comes_from_the_config(tmp_path):
-    hf = _mamba2()
+    hf = mamba2_tiny()
     model = load_model(save_tiny(hf, tmp_path))
     ids = torch.randint(0, V, (9,)).tolist()
     torch.testing.assert_close(model.score_sequence(ids), hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
@@ -47,7 +37,7 @@ def test_mamba2_mixer_norm_eps_comes_from_the_config(tmp_path):
     ("torch_dtype", "int8", "torch_dtype 'int8'"),
 ])
 def test_refused_values_name_the_field(tmp_path, field, value, message):
-    save_tiny(_mamba2(), tmp_path)
+    save_tiny(mamba2_tiny(), tmp_path)
     extra = {"architectures": ["JambaForCausalLM"]} if field == "model_type" else {}
     _edit_config(tmp_path, **{field: value}, **extra)
     if field == "torch_dtype":
@@ -68,7 +58,7 @@ def test_bamba_refusals(tmp_path, field, value):
 
 
 def test_sharded_checkpoint_matches_unsharded_and_keeps_torch_dtype(tmp_path):
-    hf = _mamba2()
+    hf = mamba2_tiny()
     whole = load_model(save_tiny(hf, tmp_path / "whole"))
     sharded = load_model(save_tiny(hf, tmp_path / "sharded", shard="10KB"))
     assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
@@ -80,7 +70,7 @@ def test_sharded_checkpoint_matches_unsharded_and_keeps_torch_dtype(tmp_path):
 
 
 def test_missing_shard_is_named(tmp_path):
-    save_tiny(_mamba2(), tmp_path, shard="10KB")
+    save_tiny(mamba2_tiny(), tmp_path, shard="10KB")
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     (tmp_path / sorted(set(index["weight_map"].values()))[-1]).unlink()
     with pytest.raises(FileNotFoundError, match="shard .* is missing"):
@@ -88,7 +78,7 @@ def test_missing_shard_is_named(tmp_path):
 
 
 def test_generation_config_eos_ids_stop_generation(tmp_path):
-    hf = _mamba2()
+    hf = mamba2_tiny()
     save_tiny(hf, tmp_path)
     model = load_model(tmp_path)
     prompt = [3, 4, 5]
@@ -102,7 +92,7 @@ def test_generation_config_eos_ids_stop_generation(tmp_path):
 
 def test_tokenizer_config_special_tokens_chat_template_and_tokenizer_dir(tmp_path):
     model_dir, tok_dir = tmp_path / "model", tmp_path / "tok"
-    save_tiny(_mamba2(), model_dir)
+    save_tiny(mamba2_tiny(), model_dir)
     (model_dir / "config.json").write_text(json.dumps(
         {k: v for k, v in json.loads((model_dir / "config.json").read_text()).items() if k != "eos_token_id"}))
     (model_dir / "generation_config.json").unlink()

@@ -8,77 +8,18 @@ attention with RoPE and SwiGLU MLPs after every mixer.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 import stree
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.model.checkpoint import load_model
+from hf_helpers import (D_INNER, D_STATE, D_XB, EPS, HD, HEADS, K, KV, NGROUPS, V, mambainllama_tiny,
+                        write_mambainllama)
 
-V, D, HEADS, KV, HD, FF, EPS = 64, 32, 4, 2, 8, 48, 1e-2
-D_STATE, NGROUPS, D_INNER, D_XB, K = 8, 4, 32, 16, 4  # d_xb = KV*HD: each x/B group serves 2 heads
-
-
-def _tiny(n_layer: int, attn_layers: list[int], before_conv: bool = False, seed: int = 0) -> tuple[dict, dict, dict]:
-    """(config.json, mamba_config.json, state dict) with their key names and random weights."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=0.2, lo=None, hi=None):
-        if lo is not None:
-            return torch.empty(shape).uniform_(lo, hi, generator=g)
-        return torch.randn(shape, generator=g) * scale
-
-    sd = {"model.embed_tokens.weight": rnd(V, D, scale=1.0), "model.norm.weight": rnd(D, lo=0.5, hi=1.5),
-          "lm_head.weight": rnd(V, D)}
-    conv_dim = 3 * D_INNER if before_conv else D_INNER + 2 * D_XB
-    for i in range(n_layer):
-        p = f"model.layers.{i}."
-        sd[p + "input_layernorm.weight"] = rnd(D, lo=0.5, hi=1.5)
-        sd[p + "post_attention_layernorm.weight"] = rnd(D, lo=0.5, hi=1.5)
-        for name, shape in (("gate_proj", (FF, D)), ("up_proj", (FF, D)), ("down_proj", (D, FF))):
-            sd[p + f"mlp.{name}.weight"] = rnd(*shape)
-        if i in attn_layers:
-            for name, rows in (("q_proj", HEADS * HD), ("k_proj", KV * HD), ("v_proj", KV * HD)):
-                sd[p + f"self_attn.{name}.weight"] = rnd(rows, D)
-            sd[p + "self_attn.o_proj.weight"] = rnd(D, HEADS * HD)
-        else:
-            m = p + "mamba."
-            sd[m + "in_proj.weight"] = rnd(2 * D_INNER + 2 * D_XB + NGROUPS, D)
-            sd[m + "conv1d.weight"] = rnd(conv_dim, 1, K, scale=0.4)
-            sd[m + "conv1d.bias"] = rnd(conv_dim, scale=0.1)
-            sd[m + "dt_bias"] = rnd(NGROUPS, lo=-3.0, hi=0.0)
-            sd[m + "A_log"] = rnd(NGROUPS, lo=-1.0, hi=1.0)
-            sd[m + "D"] = rnd(NGROUPS, lo=0.5, hi=1.5)
-            sd[m + "norm.weight"] = rnd(D_INNER, lo=0.5, hi=1.5)
-            sd[m + "out_proj.weight"] = rnd(D, D_INNER)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D, "intermediate_size": FF,
-           "num_hidden_layers": n_layer, "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HD,
-           "vocab_size": V, "rms_norm_eps": EPS, "rope_theta": 500000.0, "rope_scaling": None, "hidden_act": "silu",
-           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"}
-    ssm_cfg = {"expand": 1, "ngroups": NGROUPS, "d_state": D_STATE}
-    if before_conv:
-        ssm_cfg["repeat_kv_before_conv"] = True
-    mcfg = {"d_model": D, "ssm_cfg": ssm_cfg, "rms_norm_eps": EPS, "vocab_size": V, "d_inner": D_INNER,
-            "d_xb": D_XB, "intermediate_size": FF, "hidden_act": "silu", "n_layer": n_layer,
-            "attn_layers": attn_layers}
-    return cfg, mcfg, sd
-
-
-def _write(out, cfg, mcfg, sd):
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg))
-    if mcfg is not None:
-        (out / "mamba_config.json").write_text(json.dumps(mcfg))
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))
-    return out
-
-
-# ----- reference forward (float64, sequential scan) ------------------------------------------------------
 def _rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -162,8 +103,8 @@ def ref_greedy(tiny, prompt, n):
 # ----- tests ---------------------------------------------------------------------------------------------
 @pytest.fixture(params=[False, True], ids=["conv_on_d_xb", "repeat_kv_before_conv"])
 def hybrid(request, tmp_path):
-    tiny = _tiny(3, [1], before_conv=request.param)
-    return tiny, load_model(_write(tmp_path / "mil", *tiny))
+    tiny = mambainllama_tiny(3, [1], before_conv=request.param)
+    return tiny, load_model(write_mambainllama(tmp_path / "mil", *tiny))
 
 
 def test_scores_match_reference(hybrid):
@@ -182,7 +123,7 @@ def test_scores_match_reference(hybrid):
 @pytest.mark.parametrize("tree", ["chain:4", "static:2,2,1", "beam:3x2"])
 def test_greedy_speculation_equals_reference_greedy(hybrid, tmp_path, tree):
     tiny, model = hybrid
-    draft = load_model(_write(tmp_path / "draft", *_tiny(1, [], seed=1)))
+    draft = load_model(write_mambainllama(tmp_path / "draft", *mambainllama_tiny(1, [], seed=1)))
     torch.manual_seed(1)
     prompt = torch.randint(0, V, (6,)).tolist()
     out = stree.generate(model, prompt, drafter="mamba", draft_model=draft, max_new_tokens=12, tree=tree,
@@ -191,14 +132,14 @@ def test_greedy_speculation_equals_reference_greedy(hybrid, tmp_path, tree):
 
 
 def test_plain_llama_and_bad_shapes_are_refused(tmp_path):
-    cfg, mcfg, sd = _tiny(2, [1])
+    cfg, mcfg, sd = mambainllama_tiny(2, [1])
     with pytest.raises(ValueError, match="mamba_config.json"):
-        load_model(_write(tmp_path / "plain", cfg, None, sd))
+        load_model(write_mambainllama(tmp_path / "plain", cfg, None, sd))
     with pytest.raises(ValueError, match="d_xb"):
-        load_model(_write(tmp_path / "bad", cfg, {**mcfg, "d_xb": 12}, sd))
+        load_model(write_mambainllama(tmp_path / "bad", cfg, {**mcfg, "d_xb": 12}, sd))
     mamba1 = {k.replace("mamba.in_proj.", "mamba.in_proj_x."): v for k, v in sd.items()}
     with pytest.raises(ValueError, match="Mamba1"):
-        load_model(_write(tmp_path / "mamba1", cfg, mcfg, mamba1))
+        load_model(write_mambainllama(tmp_path / "mamba1", cfg, mcfg, mamba1))
     with pytest.raises(ValueError, match="rope_type"):
-        load_model(_write(tmp_path / "rope", {**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+        load_model(write_mambainllama(tmp_path / "rope", {**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
                           mcfg, sd))
