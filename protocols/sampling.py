@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
@@ -87,22 +87,26 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def warp_logits_rows(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """``warp_logits`` with per-row parameters, as fixed-shape tensor ops (no host sync; float32).
 
     ``logits`` is ``[B, ..., V]``; ``temperature``, ``top_k``, ``top_p`` are ``[B]`` tensors applying
     to every row under batch entry b. Row by row the result equals ``warp_logits`` with
     ``SamplingParams(temperature[b], top_k[b], top_p[b])`` bit for bit on the CPU (same float32 ops;
-    tested), up to kernel rounding on other devices.
+    tested), up to kernel rounding on other devices. ``top_k`` / ``top_p`` ``None`` means off in every
+    row, and skips that filter's sort over the vocabulary (the result is the same as all-0 / all-1 rows).
     """
     logits = logits.float()
     shape = (-1,) + (1,) * (logits.dim() - 1)
     temp = temperature.to(logits.device, torch.float32).reshape(shape)
     greedy = temp == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
-    probs = torch.softmax(_top_k_rows(scaled, top_k.to(logits.device).reshape(shape)), dim=-1)
-    probs = _top_p_rows(probs, top_p.to(logits.device, torch.float32).reshape(shape))
+    if top_k is not None:
+        scaled = _top_k_rows(scaled, top_k.to(logits.device).reshape(shape))
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p is not None:
+        probs = _top_p_rows(probs, top_p.to(logits.device, torch.float32).reshape(shape))
     one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy, one_hot, probs)
 
@@ -153,6 +157,7 @@ class RowSampling:
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    filtered_rows: set = field(default_factory=set)  # host-side: rows given a top-k or top-p
 
     @classmethod
     def greedy(cls, batch: int, device) -> "RowSampling":
@@ -164,7 +169,21 @@ class RowSampling:
         self.temperature[row] = float(params.temperature)
         self.top_k[row] = int(params.top_k)
         self.top_p[row] = float(params.top_p)
+        if params.top_k > 0 or params.top_p < 1.0:
+            self.filtered_rows.add(row)
+        else:
+            self.filtered_rows.discard(row)
+
+    @property
+    def filtered(self) -> bool:
+        """Whether any row has a top-k or top-p: else warping skips both filters' sorts over the vocabulary.
+        A CUDA graph captured either way is only valid while this stays the same (the engine keys on it)."""
+        return bool(self.filtered_rows)
+
+    def filters(self) -> tuple:
+        """``(top_k, top_p)`` for ``warp_logits_rows``: the tensors, or ``(None, None)`` when no row filters."""
+        return (self.top_k, self.top_p) if self.filtered else (None, None)
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """``warp_logits_rows`` with these parameters: ``[B, ..., V]`` logits -> probabilities."""
-        return warp_logits_rows(logits, self.temperature, self.top_k, self.top_p)
+        return warp_logits_rows(logits, self.temperature, *self.filters())

@@ -203,7 +203,7 @@ def run(args) -> int:
         engine.add(Request(list(range(10, 40)), max_new_tokens=64))
         while engine.has_work:
             engine.step()
-        key = ("tree", engine.shapes[0], False) if spec != "none" else ("none", False)
+        key = ("tree", engine.shapes[0], False, False) if spec != "none" else ("none", False, False)
         if key in engine.graphs:
             record["graph_ms"][label] = _replay_ms(engine.graphs[key])
         if spec != "none":  # the draft alone (greedy), graphed: what the drafter costs per step

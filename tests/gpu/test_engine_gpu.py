@@ -70,3 +70,15 @@ def test_sampled_engine_runs_graphed_and_is_seeded(models):
                        temperature=1.0, top_k=50, seed=123, max_new_tokens=24)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     assert all(len(x.token_ids) == 24 for x in a)
+
+
+def test_graphed_top_k_one_after_unfiltered_sampled_graphs_is_greedy(models):
+    """A sampled step graph captured without top-k/top-p sorts must not serve a row with top_k=1 (greedy)."""
+    target, draft = models["hybrid"], models["draft"]
+    prompt = _prompts(1, torch.Generator().manual_seed(4))[0]
+    stree.generate(target, prompt, drafter="static-tree", draft_model=draft, tree_widths="3,2", temperature=1.0,
+                   seed=5, max_new_tokens=16)
+    got = stree.generate(target, prompt, drafter="static-tree", draft_model=draft, tree_widths="3,2",
+                         temperature=1.0, top_k=1, seed=5, max_new_tokens=16).token_ids
+    want = stree.generate(target, prompt, drafter=None, max_new_tokens=16, cuda_graphs=False).token_ids
+    assert got == want

@@ -218,7 +218,8 @@ def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
     run = engine._run
     engine._run = lambda key: (keys.add(key[:1] + tuple(k for k in key[1:] if isinstance(k, bool))), run(key))
     engine.warm_up()
-    assert keys == {("none", False), ("none", True), ("tree", False), ("tree", True), ("catch_up",)}
+    assert keys == {("none", False, False), ("none", True, False), ("tree", False, False), ("tree", True, False),
+                    ("catch_up",)}
     assert all(row["steps"] == 0 for row in engine.goodput.table()) and not engine.metrics
     assert engine.num_running == 0 and not engine.has_work
     prompts = [[5, 9, 13], [2]]
@@ -262,3 +263,19 @@ def test_mixed_prompt_lengths_share_one_engine(models):
     assert long is not short
     assert engine_for(model, drafter, args[0], args[1], 300, *args[2:]) is long
     assert engine_for(model, drafter, args[0], args[1], 1900, *args[2:]) is long
+
+
+def test_a_request_with_top_k_gets_its_own_step_after_unfiltered_sampled_steps(models):
+    """Sampled steps skip the top-k/top-p sorts while no row filters; the step key says which, so a graph
+    captured without filters is never replayed for a row that has one. A top_k=1 row at T=1 is greedy."""
+    model, draft = models["hybrid"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=1, max_seqlen=96)
+    keys = []
+    run = engine._run
+    engine._run = lambda key: (keys.append(key), run(key))
+    free = Request([5, 9, 13], max_new_tokens=10, params=SamplingParams(temperature=1.0, seed=1))
+    top1 = Request([2, 4], max_new_tokens=10, params=SamplingParams(temperature=1.0, top_k=1, seed=2))
+    engine.run([free, top1])  # one slot: top1 joins after free has left
+    tree_keys = [k for k in keys if k[0] == "tree"]
+    assert tree_keys[0][2:] == (True, False) and tree_keys[-1][2:] == (True, True)
+    assert top1.output == _reference(model, [2, 4], 10)

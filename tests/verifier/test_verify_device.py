@@ -168,6 +168,19 @@ def test_warp_logits_rows_matches_warp_logits_row_by_row(seed):
             assert torch.equal(warped[b, i], warp_logits(logits[b, i], p)), f"seed={seed} row={b}"
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_warp_without_filters_equals_all_rows_off(seed):
+    """``top_k``/``top_p`` None (no row filters: both vocabulary sorts skipped) gives the very same
+    probabilities as rows whose filters are all off."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = [7, 50, 257][seed]
+    logits = torch.randn(6, 4, vocab, generator=gen) * 3
+    temperature = torch.rand(6, generator=gen) * 1.5
+    temperature[0] = 0.0
+    off = warp_logits_rows(logits, temperature, torch.zeros(6, dtype=torch.long), torch.ones(6))
+    assert torch.equal(warp_logits_rows(logits, temperature, None, None), off), f"seed={seed}"
+
+
 def test_ancestor_mask_matches_tree_batch():
     gen = torch.Generator().manual_seed(0)
     trees = [_random_tree(gen, 4) for _ in range(30)]

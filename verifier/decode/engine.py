@@ -348,9 +348,8 @@ class Engine:
         n = tokens.shape[1]
         u = (torch.rand(2, self.batch, n, device=self.device, generator=self.generator) if any_sampled
              else torch.zeros(2, self.batch, n, device=self.device))
-        return verify_batch(tokens, parents, valid, logits, self.sampling.temperature, self.sampling.top_k,
-                            self.sampling.top_p, mode, q, u[0], u[1], max_depth=max_depth, max_width=max_width,
-                            sampling=any_sampled)
+        return verify_batch(tokens, parents, valid, logits, self.sampling.temperature, *self.sampling.filters(),
+                            mode, q, u[0], u[1], max_depth=max_depth, max_width=max_width, sampling=any_sampled)
 
     def _finish_step(self, res) -> None:
         width = res.out_tokens.shape[1]
@@ -491,14 +490,16 @@ class Engine:
     def _launch(self, t0: float) -> _Launched:
         shape = self._choose()
         any_sampled = any(r is not None and not r.params.greedy for r in self.slots)
+        # sampled steps warp with or without the top-k/top-p sorts: one graph each (the last key element)
+        filtered = any_sampled and self.sampling.filtered
         drafted = 0
         if shape.kind == "none":
-            key = ("none", any_sampled)
+            key = ("none", any_sampled, filtered)
         elif shape.kind == "host":
             shape, mode, with_q, drafted = self._stage_host_trees(any_sampled)
-            key = ("host", shape, mode, with_q, any_sampled)
+            key = ("host", shape, mode, with_q, any_sampled, filtered)
         else:
-            key = ("tree", shape, any_sampled)
+            key = ("tree", shape, any_sampled, filtered)
             drafted = shape.num_nodes - 1
         # a lazy drafter catches up before it drafts, or before its backlog would overflow
         catch_up = self.lazy and self.behind > 0 and (shape.kind != "none" or self.behind >= CATCH_UP)

@@ -41,8 +41,8 @@ def verify_batch(
     valid: torch.Tensor,
     logits: torch.Tensor,
     temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
+    top_k: Optional[torch.Tensor],
+    top_p: Optional[torch.Tensor],
     mode: DraftMode,
     draft_probs: Optional[torch.Tensor],
     uniforms: torch.Tensor,
@@ -65,7 +65,8 @@ def verify_batch(
     padding nodes have parent 0 and ``valid`` False, logits give finite distributions, uniforms lie
     in [0, 1). Nodes deeper than ``max_depth`` or past the first ``max_width`` children of their
     parent are never accepted: the same as verifying the truncated tree, so the law stays exact.
-    ``sampling=False`` (a static promise that every row is greedy) skips the sampling walk.
+    ``sampling=False`` (a static promise that every row is greedy) skips the sampling walk; ``top_k`` /
+    ``top_p`` ``None`` (no row filters) skips their sorts in every warp.
     """
     mode = DraftMode(mode)
     _check_shapes(tokens, parents, valid, logits, mode, draft_probs, uniforms, bonus_uniforms,
