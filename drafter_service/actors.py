@@ -66,9 +66,9 @@ class DrafterReplica:
         opts = dict(options or {})
         draft_model = opts.get("draft_model")
         if isinstance(draft_model, (str, os.PathLike)):
-            from stree.verifier.model.checkpoint import load_model
+            from stree.verifier.model.checkpoint import load_draft_model
 
-            opts["draft_model"] = load_model(draft_model, device=self.device)
+            opts["draft_model"] = load_draft_model(draft_model, device=self.device)
         self.drafter = factory(**filter_options(factory, opts))
         # session id -> [session, context length]
         self.sessions: dict[str, list] = {}

@@ -9,10 +9,11 @@ import torch
 from stree.protocols.tree_shape import SHAPE_HELP
 from stree.protocols.drafter import DraftBudget
 
-from stree.verifier.model.checkpoint import load_model
+from stree.verifier.model.checkpoint import load_draft_model, load_model
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.generation_settings import load_generation_settings
+from stree.verifier.model.treeflash import TreeFlashNet
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,11 +45,12 @@ def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
     model = load_model(args.model_dir, device=device, dtype=dtype)
-    draft = load_model(args.draft_model, device=device, dtype=dtype) if args.draft_model else None
+    draft = load_draft_model(args.draft_model, device=device, dtype=dtype) if args.draft_model else None
     settings = load_generation_settings(args.model_dir, args.tokenizer)
     tokenizer = settings.tokenizer
     prompt = prompt_ids_from_args(args, tokenizer)
-    drafter = args.drafter or ("static-tree" if draft is not None else "none")
+    drafter = args.drafter or ("none" if draft is None else "treeflash" if isinstance(draft, TreeFlashNet)
+                               else "static-tree")
     budget = DraftBudget(
         max_nodes=args.max_nodes or DEFAULT_BUDGET.max_nodes,
         max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
@@ -77,10 +79,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate with speculative tree decoding",
                        description=f"Tree specs (--tree): {SHAPE_HELP}")
     p.add_argument("model_dir", metavar="MODEL_DIR")
-    p.add_argument("--draft-model", metavar="DIR", help="draft model checkpoint for model drafters")
+    p.add_argument("--draft-model", metavar="DIR",
+                   help="draft model checkpoint for model drafters, or a TreeFlash checkpoint (drafter treeflash)")
     p.add_argument("--drafter", metavar="NAME",
-                   help="none | chain | static-tree | mamba | ngram | retrieval | fusion:A+B | a plugin name "
-                        "(default: static-tree with --draft-model, else none)")
+                   help="none | chain | static-tree | mamba | ngram | retrieval | fusion:A+B | treeflash | "
+                        "treeflash-marginal | a plugin name (default: static-tree with --draft-model, treeflash "
+                        "with a TreeFlash checkpoint, else none)")
     p.add_argument("--tree", metavar="SPEC", help=f"tree shape for model drafters: {SHAPE_HELP}")
     p.add_argument("--tree-widths", metavar="W1,W2,..", help="static tree width per depth, e.g. 3,2,2,1")
     p.add_argument("--datastore", metavar="DS", help="retrieval datastore directory")

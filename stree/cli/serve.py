@@ -20,7 +20,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_server(args):
     """A ``GenerationServer`` from parsed arguments (loads the model; does not start it)."""
-    from stree.verifier.model.checkpoint import load_model
+    from stree.verifier.model.checkpoint import load_draft_model, load_model
+    from stree.verifier.model.treeflash import TreeFlashNet
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
     from stree.verifier.model.generation_settings import load_generation_settings
 
@@ -40,8 +41,9 @@ def build_server(args):
             raise ValueError("--draft-model is for in-process drafters; give it to `stree drafter-service`")
         drafters = RemoteDrafters(args.drafter, args.deadline_ms / 1e3, budget)
     else:
-        draft = load_model(args.draft_model, device=device, dtype=DTYPES[args.dtype]) if args.draft_model else None
-        default = args.drafter or ("mamba" if draft is not None else "ngram")
+        draft = load_draft_model(args.draft_model, device=device, dtype=DTYPES[args.dtype]) if args.draft_model else None
+        default = args.drafter or ("ngram" if draft is None else "treeflash" if isinstance(draft, TreeFlashNet)
+                                   else "mamba")
         options = options_function(None, parse_options(args.option))(default)
         drafters = EmbeddedDrafters(default, draft_model=draft, options=options)
     limits = ServerLimits(
@@ -95,8 +97,8 @@ def add_parser(sub) -> None:
     p.add_argument("--tls-key", default=None, metavar="PEM", help="gRPC TLS private key")
     p.add_argument("--drafter", metavar="NAME|grpc://HOST:PORT/NAME",
                    help="default drafter: an in-process plugin name, 'none', or a DrafterService URL "
-                        "(default: mamba with --draft-model, else ngram)")
-    p.add_argument("--draft-model", metavar="DIR", help="draft model checkpoint for in-process model drafters")
+                        "(default: mamba with --draft-model, treeflash with a TreeFlash checkpoint, else ngram)")
+    p.add_argument("--draft-model", metavar="DIR", help="draft model checkpoint for in-process model drafters (or a TreeFlash checkpoint)")
     p.add_argument("--option", action="append", default=[], metavar="[NAME.]KEY=VALUE",
                    help="in-process drafter option, e.g. tree=beam:4x3 (repeatable)")
     p.add_argument("--deadline-ms", type=float, default=50.0,

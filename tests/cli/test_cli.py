@@ -41,6 +41,28 @@ def test_generate_json_matches_plain_for_each_drafter(cli_models, capsys):
     assert len(outs["none"]) == 9
 
 
+def test_generate_with_a_treeflash_checkpoint_as_the_draft_model(cli_models, tmp_path, capsys):
+    """--draft-model may name a TreeFlash checkpoint: the default drafter is then treeflash, and the
+    greedy output equals plain decoding."""
+    import torch
+
+    from stree.verifier.model.checkpoint import load_model
+    from stree.verifier.model.treeflash import TreeFlashConfig, TreeFlashNet, save_treeflash
+
+    target = load_model(cli_models / "target")
+    torch.manual_seed(0)
+    save_treeflash(TreeFlashNet(TreeFlashConfig(d_target=target.config.d_model, vocab_size=target.vocab_size,
+                                                d_model=16, depth=3)), tmp_path / "tf")
+    outs = {}
+    for extra in ([], ["--drafter", "none"]):
+        rc = main(["generate", str(cli_models / "target"), "--draft-model", str(tmp_path / "tf"), "--prompt-ids",
+                   "1,2,3", "--max-new-tokens", "9", "--json", "--ignore-eos", *extra])
+        assert rc == 0
+        rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        outs[rec["drafter"]] = rec["token_ids"]
+    assert outs["treeflash"] == outs["none"] and len(outs["none"]) == 9
+
+
 def test_generate_text_prompt_and_samples(cli_models, capsys):
     rc = main(["generate", str(cli_models / "target"), "--prompt", "def main():", "--max-new-tokens", "5",
                "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1", "--num-samples", "2",

@@ -19,6 +19,7 @@ from stree.verifier.model.hf import mambainllama
 from stree.verifier.model.hf.registry import resolve
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import TOKENIZER_FILE, make_tokenizer
+from stree.verifier.model.treeflash import TreeFlashNet, is_treeflash_checkpoint, load_treeflash
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -105,6 +106,14 @@ def config_dtype(data: dict) -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"config: torch_dtype {name!r} is not supported (one of {sorted(dtypes)})")
     return dtypes[name]
+
+
+def load_draft_model(path: str | os.PathLike, device="cpu",
+                     dtype: torch.dtype | None = None) -> "StreeLM | TreeFlashNet":
+    """A ``--draft-model`` folder: a TreeFlash drafter's checkpoint, or any checkpoint ``load_model`` reads."""
+    if is_treeflash_checkpoint(path):
+        return load_treeflash(path, device=device, dtype=dtype or torch.float32)
+    return load_model(path, device=device, dtype=dtype)
 
 
 def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None) -> StreeLM:

@@ -117,6 +117,15 @@ def save_treeflash(net: TreeFlashNet, path) -> Path:
     return path
 
 
+def is_treeflash_checkpoint(path) -> bool:
+    """Whether ``path`` holds a TreeFlash checkpoint (its config.json says ``"kind": "treeflash"``)."""
+    config = Path(path) / CONFIG_FILE
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("kind") == "treeflash"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_treeflash(path, device="cpu", dtype=torch.float32) -> TreeFlashNet:
     """A ``TreeFlashNet`` from a directory written by ``save_treeflash``."""
     path = Path(path)

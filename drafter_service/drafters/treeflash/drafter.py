@@ -19,11 +19,18 @@ from stree.verifier.model.treeflash import TreeFlashNet, load_treeflash
 DEFAULT_TREE = "static:3,2,1,1"
 
 
+def default_tree(net: TreeFlashNet) -> str:
+    """``DEFAULT_TREE`` cut to the network's depth (a TreeFlash net drafts at most ``depth`` levels)."""
+    widths = DEFAULT_TREE.split(":")[1].split(",")[: net.config.depth]
+    return "static:" + ",".join(widths)
+
+
 class TreeFlashDrafter:
     """A TreeFlash network and the tree layout it drafts (``conditional=False``: the marginal ablation)."""
 
-    def __init__(self, net: TreeFlashNet, tree: Union[str, TreeShape] = DEFAULT_TREE, conditional: bool = True):
+    def __init__(self, net: TreeFlashNet, tree: Union[str, TreeShape, None] = None, conditional: bool = True):
         self.net = net
+        tree = tree or default_tree(net)
         self.shape = tree if isinstance(tree, TreeShape) else TreeShape.parse(tree)
         self.name = "treeflash" if conditional else "treeflash-marginal"
         self._device = TreeFlashDeviceDrafter(net, conditional)
@@ -57,10 +64,12 @@ def _network(treeflash, draft_model, device) -> TreeFlashNet:
 def make_treeflash_drafter(treeflash=None, draft_model=None, tree: Optional[str] = None,
                            conditional: bool = True, device=None, **_) -> TreeFlashDrafter:
     """TreeFlash with its conditional head (children re-scored per parent)."""
-    return TreeFlashDrafter(_network(treeflash, draft_model, device), tree or DEFAULT_TREE, conditional)
+    net = _network(treeflash, draft_model, device)
+    return TreeFlashDrafter(net, tree or default_tree(net), conditional)
 
 
 def make_treeflash_marginal_drafter(treeflash=None, draft_model=None, tree: Optional[str] = None,
                                     device=None, **_) -> TreeFlashDrafter:
     """The ablation: the same network with the conditional head off (every branch at a depth shares its marginal)."""
-    return TreeFlashDrafter(_network(treeflash, draft_model, device), tree or DEFAULT_TREE, conditional=False)
+    net = _network(treeflash, draft_model, device)
+    return TreeFlashDrafter(net, tree or default_tree(net), conditional=False)
