@@ -1,10 +1,12 @@
-"""CUDA graph capture: the one helper every graphed path uses (model steps, drafts, training, timings).
+"""CUDA graph capture: the one helper every graphed path uses (model steps, drafts, training, timings),
+and ``graphed_us``, the graphed timing of a few calls (benchmarks, and the linear row-padding choice).
 
 Without graphs a step of a 64-layer model is bound by kernel launches (DESIGN section 5).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 import torch
@@ -22,3 +24,20 @@ def capture_graph(fn: Callable, warmup: int = 1):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+def graphed_us(calls, reps: int = 30) -> float:
+    """Median microseconds per call of ``calls`` (one list entry per input set) replayed in one CUDA graph."""
+    graph, _ = capture_graph(lambda: [c() for c in calls], warmup=2)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    del graph
+    return statistics.median(times) * 1000.0 / len(calls)

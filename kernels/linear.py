@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from stree.kernels.backend import capturing
-from stree.kernels.cuda_graph import capture_graph
+from stree.kernels.cuda_graph import graphed_us
 
 PAD_ROWS = (8, 16, 32)  # row counts a few-row input may be padded to
 MIN_GAIN = 0.85  # pad only when it takes at most this fraction of the plain call's time
@@ -31,18 +31,6 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _graphed_us(fn, reps: int = 20) -> float:
-    graph, _ = capture_graph(lambda: [fn() for _ in range(reps)])
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000.0 / (3 * reps)
-
-
 def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     """The row count to run an ``m``-row input at (``m`` itself unless a padding measured clearly faster)."""
     key = (m, tuple(weight.shape), weight.dtype, weight.device, bias is not None)
@@ -50,7 +38,8 @@ def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
         if capturing():  # no timing inside a capture: unpadded, and decided on the next eager call
             return m
         x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        times = {r: _graphed_us(lambda r=r: padded_linear(x, weight, bias, r)) for r in (m,) + PAD_ROWS if r >= m}
+        times = {r: graphed_us([lambda r=r: padded_linear(x, weight, bias, r)] * 20, reps=5)
+                 for r in (m,) + PAD_ROWS if r >= m}
         best = min(times, key=times.get)
         _CHOICE[key] = best if times[best] <= MIN_GAIN * times[m] else m
     return _CHOICE[key]

@@ -16,7 +16,6 @@ import importlib
 import importlib.metadata
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from stree.kernels.compare import rel_err
+from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import ancestor_mask
 
 LAYER_SHAPES = {
@@ -123,25 +123,6 @@ def import_mamba_ssm():
 
 
 # ----- timing --------------------------------------------------------------------------------
-def graphed_us(calls, reps: int = 30) -> float:
-    """Median microseconds per call of ``calls`` (one list entry per input set) replayed in one CUDA graph."""
-    from stree.kernels.cuda_graph import capture_graph
-
-    graph, _ = capture_graph(lambda: [c() for c in calls], warmup=2)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    del graph
-    return statistics.median(times) * 1000.0 / len(calls)
-
-
 def n_sets(bytes_per_set: int, cap: int = 64) -> int:
     """Input copies to rotate through so the working set is about three L2 caches."""
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)

@@ -17,7 +17,7 @@ import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.bench.common import add_pair_args, save_record
-from stree.bench.kernels import graphed_us
+from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.model.checkpoint import load_model
@@ -181,11 +181,11 @@ def _cases(args, draft) -> list:
     cases = [(spec, DeviceTreeDrafter(draft), spec) for spec in args.shapes]
     if args.treeflash and (Path(args.treeflash) / "config.json").is_file():
         from stree.drafter_service.drafters.treeflash.device_draft import TreeFlashDeviceDrafter
-        from stree.drafter_service.drafters.treeflash.drafter import DEFAULT_TREE
+        from stree.drafter_service.drafters.treeflash.drafter import default_tree
         from stree.verifier.model.treeflash import load_treeflash
 
         net = load_treeflash(args.treeflash, device="cuda", dtype=draft.dtype)
-        cases += [(name, TreeFlashDeviceDrafter(net, conditional), DEFAULT_TREE)
+        cases += [(name, TreeFlashDeviceDrafter(net, conditional), default_tree(net))
                   for name, conditional in (("treeflash", True), ("treeflash-marginal", False))]
     return cases
 

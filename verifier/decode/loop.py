@@ -316,13 +316,12 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
     config = (tuple(str(s) for s in shapes), max_batch, cuda_graphs, budget)
     cache = model.__dict__.setdefault("_stree_engines", {})
     cached = cache.get(owner)
-    if cached is not None and cached[0] == config and not cached[1].has_work:
-        if cached[2] >= room:
+    if cached is not None and cached[0] == config:
+        if cached[2] >= room and not cached[1].has_work:
             return cached[1]
+        room = max(room, cached[2])
     if cached is None and len(cache) >= 8:  # bounded: each engine holds state for max_batch sequences
         cache.pop(next(iter(cache)))
-    if cached is not None and cached[0] == config:
-        room = max(room, cached[2])
     engine = Engine(model, drafter, shapes, max_batch=max_batch, max_seqlen=room, cuda_graphs=cuda_graphs,
                     goodput=len(shapes) > 1, budget=budget)
     cache[owner] = (config, engine, room)
