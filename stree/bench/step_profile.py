@@ -79,7 +79,7 @@ def _chain_trees(batch: int, n: int) -> TreeBatch:
                      nodes.expand(batch, n).contiguous(), torch.full((batch,), n, device="cuda"))
 
 
-def kernel_breakdown(fn, reps: int = 5, top: int = 10) -> dict:
+def kernel_breakdown(fn, reps: int = 5, top: int = 30) -> dict:
     """GPU microseconds and launches per call of ``fn`` (eager), total and by kernel name (top ``top``)."""
     from torch.profiler import ProfilerActivity, profile
 
