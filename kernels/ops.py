@@ -15,6 +15,7 @@ _OPS = {
     "tree_scan": ("tree_scan:tree_scan_ref", "tree_scan_triton:tree_scan_triton"),
     "tree_conv1d": ("tree_conv:tree_conv1d_ref", "tree_conv_triton:tree_conv1d_triton"),
     "tree_conv_dt": ("tree_conv:tree_conv_dt_ref", "tree_conv_triton:tree_conv_dt_triton"),
+    "tree_conv_scan": ("tree_conv_scan:tree_conv_scan_ref", "tree_conv_scan_triton:tree_conv_scan_triton"),
     "replay": ("replay:replay_ref", "replay_triton:replay_triton"),
     "mamba_step": ("mamba_step:mamba_step_ref", "mamba_step_triton:mamba_step_triton"),
     "ssd_step": ("decode_step:ssd_step_ref", "decode_step_triton:ssd_step_triton"),
@@ -66,6 +67,20 @@ def tree_conv_dt(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_lim
     if activation not in FUSED_ACTIVATIONS:
         op = _load(_OPS["tree_conv_dt"][0])
     return op(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit, activation)
+
+
+def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
+                   headdim, ssm_state):
+    """The tree pass between in_proj and the gated norm (conv + activation, dt, tree scan) in one launch:
+    ``(y [B, N, H, P], xbc [B, N, C] post-conv, dt [B, N, H] float32)``.
+
+    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference.
+    """
+    op = get("tree_conv_scan", xBC.device)
+    if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
+        op = _load(_OPS["tree_conv_scan"][0])
+    return op(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
+              headdim, ssm_state)
 
 
 def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):

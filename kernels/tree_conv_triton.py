@@ -13,6 +13,44 @@ import triton.language as tl
 
 
 @triton.jit
+def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
+                   s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn,
+                   K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr):
+    """``silu(conv)`` in fp32 of channels ``ch`` of the tree nodes ``rows`` of one sequence (``xbc_b``,
+    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Tap k is the k-th ancestor."""
+    ok = row_ok[:, None] & ch_ok[None, :]
+    acc = tl.zeros([rows.shape[0], ch.shape[0]], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
+    # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
+    cur = rows
+    for k in tl.static_range(K):
+        wk = tl.load(w_ptr + ch * s_wc + (K - 1 - k) * s_wk, mask=ch_ok, other=0.0).to(tl.float32)
+        in_tree = cur >= 0
+        v_tree = tl.load(xbc_b + cur[:, None] * s_xn + ch[None, :] * s_xc, mask=ok & in_tree[:, None], other=0.0)
+        col = K - 1 + cur
+        v_state = tl.load(cs_b + ch[None, :] * s_sc + col[:, None] * s_sk,
+                          mask=ok & (~in_tree & (col >= 0))[:, None], other=0.0)
+        acc += (v_tree.to(tl.float32) + v_state.to(tl.float32)) * wk[None, :]
+        if k + 1 < K:
+            if IS_CHAIN:
+                cur = cur - 1
+            else:
+                up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
+                cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
+    return tl.where(ok, acc * tl.sigmoid(acc), 0.0)
+
+
+@triton.jit
+def softplus_dt(v, dt_lo, dt_hi, CLAMP: tl.constexpr):
+    """``softplus(v)`` (``v = dt_raw + dt_bias`` in fp32), clamped to ``[dt_lo, dt_hi]`` when ``CLAMP``."""
+    v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
+    if CLAMP:
+        v = tl.minimum(tl.maximum(v, dt_lo), dt_hi)
+    return v
+
+
+@triton.jit
 def _tree_conv_kernel(
     xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_ptr, out_ptr,
     N, C,
@@ -35,29 +73,8 @@ def _tree_conv_kernel(
     ch_ok = ch < C
     ok = row_ok[:, None] & ch_ok[None, :]
 
-    if HAS_BIAS:
-        acc = tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :] + tl.zeros(
-            [BLOCK_N, BLOCK_C], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
-    # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
-    cur = rows
-    for k in tl.static_range(K):
-        wk = tl.load(w_ptr + ch * s_wc + (K - 1 - k) * s_wk, mask=ch_ok, other=0.0).to(tl.float32)
-        in_tree = cur >= 0
-        v_tree = tl.load(xbc_ptr + b * s_xb + cur[:, None] * s_xn + ch[None, :] * s_xc,
-                         mask=ok & in_tree[:, None], other=0.0)
-        col = K - 1 + cur
-        v_state = tl.load(cs_ptr + b * s_sb + ch[None, :] * s_sc + col[:, None] * s_sk,
-                          mask=ok & (~in_tree & (col >= 0))[:, None], other=0.0)
-        acc += (v_tree.to(tl.float32) + v_state.to(tl.float32)) * wk[None, :]
-        if k + 1 < K:
-            if IS_CHAIN:
-                cur = cur - 1
-            else:
-                up = tl.load(par_ptr + b * s_pb + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
-                cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
-    out = acc * tl.sigmoid(acc)
+    out = tree_conv_tile(xbc_ptr + b * s_xb, cs_ptr + b * s_sb, w_ptr, bias_ptr, par_ptr + b * s_pb, rows, row_ok,
+                         ch, ch_ok, s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn, K, HAS_BIAS, IS_CHAIN)
     tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ch[None, :] * s_oc,
              out.to(out_ptr.dtype.element_ty), mask=ok)
     if HAS_DT:
@@ -67,9 +84,7 @@ def _tree_conv_kernel(
                 m = row_ok[:, None] & (hh < H)[None, :]
                 v = tl.load(dtr_ptr + b * s_rb + rows[:, None] * s_rn + hh[None, :] * s_rh, mask=m, other=0.0)
                 v = v.to(tl.float32) + tl.load(dtb_ptr + hh, mask=hh < H, other=0.0).to(tl.float32)[None, :]
-                v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
-                if CLAMP:
-                    v = tl.minimum(tl.maximum(v, dt_lo), dt_hi)
+                v = softplus_dt(v, dt_lo, dt_hi, CLAMP)
                 tl.store(dt_ptr + b * s_tb + rows[:, None] * s_tn + hh[None, :] * s_th, v, mask=m)
 
 

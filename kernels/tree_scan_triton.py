@@ -45,6 +45,59 @@ def _chain_sums(dt_col_ptr, stride_dtn, rows, n_nodes, A_h, BN: tl.constexpr):
 
 
 @triton.jit
+def small_tree_ranges(pid_p, N, P, S, BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr):
+    """``(nodes, ok, offs_p, p_ok, offs_s, s_ok)`` of a whole-tree program owning headdim block ``pid_p``."""
+    nodes = tl.arange(0, BN)
+    offs_p = pid_p * BP + tl.arange(0, BP)
+    offs_s = tl.arange(0, BS)
+    return nodes, nodes < N, offs_p, offs_p < P, offs_s, offs_s < S
+
+
+@triton.jit
+def small_tree_mask(par_b, s_pn, nodes, ok, LOG2_BN: tl.constexpr, IS_CHAIN: tl.constexpr):
+    """``[BN, BN]`` ancestor-or-self mask of one whole tree (``par_b``: its parents row).
+
+    Reachability closure of (I + parent edges) by LOG2_BN boolean squarings on the tensor cores
+    (paths of up to 2^k edges after k squarings), so depth costs nothing extra.
+    """
+    if IS_CHAIN:
+        anc = (nodes[None, :] <= nodes[:, None]) & ok[:, None]
+    else:
+        par = tl.load(par_b + nodes * s_pn, mask=ok, other=-1).to(tl.int32)
+        par = tl.where(par < nodes, par, -1)  # a parent must come earlier
+        anc = ((par[:, None] == nodes[None, :]) | (nodes[:, None] == nodes[None, :])) & ok[:, None]
+        for _ in tl.static_range(LOG2_BN):
+            r = anc.to(tl.float16)
+            anc = tl.dot(r, r) > 0.5
+    return anc
+
+
+@triton.jit
+def c_dot_bt(c, bt, HALF: tl.constexpr):
+    """``C B^T`` of the whole tree: native half products for half inputs, exact fp32 products for fp32."""
+    if HALF:
+        cb = tl.dot(c, bt)
+    else:
+        cb = tl.dot(c, bt, input_precision="ieee")
+    return cb
+
+
+@triton.jit
+def small_tree_head(anc, cb, c32, a, xh, A_ptr, D_ptr, h0_b, s_h0, h, offs_p, p_ok, offs_s, s_ok,
+                    HALF: tl.constexpr):
+    """``y`` ``[BN, BP]`` (fp32) of head ``h`` over a whole tree: ``anc`` its mask, ``cb`` = C B^T,
+    ``c32`` = C in fp32, ``a`` = dt (zero on padded nodes), ``xh`` = x; ``h0_b`` points at this sequence's state."""
+    PREC: tl.constexpr = "tf32" if HALF else "ieee"
+    la = a * tl.load(A_ptr + h).to(tl.float32)
+    cs = tl.sum(tl.where(anc, la[None, :], 0.0), 1)  # tree cumulative sum S
+    h0t = tl.load(h0_b + h * s_h0[1] + offs_p[None, :] * s_h0[2] + offs_s[:, None] * s_h0[3],
+                  mask=p_ok[None, :] & s_ok[:, None], other=0.0).to(tl.float32)
+    acc = tl.dot(c32, h0t, input_precision=PREC) * tl.exp(cs)[:, None]
+    w = tl.exp(tl.where(anc, cs[:, None] - cs[None, :], float("-inf"))) * cb * a[None, :]
+    return acc + tl.dot(w, xh, input_precision=PREC) + tl.load(D_ptr + h).to(tl.float32) * xh
+
+
+@triton.jit
 def _tree_scan_small_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, par_ptr, h0_ptr, y_ptr,
     N, H, P, S, heads_per_group, n_hblocks, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
@@ -58,48 +111,23 @@ def _tree_scan_small_kernel(
     b = pid // n_hblocks
     h_first = (pid % n_hblocks) * HB
     g = h_first // heads_per_group
-    PREC: tl.constexpr = "tf32" if HALF else "ieee"
-    nodes = tl.arange(0, BN)
-    ok = nodes < N
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    p_ok = offs_p < P
-    offs_s = tl.arange(0, BS)
-    s_ok = offs_s < S
+    nodes, ok, offs_p, p_ok, offs_s, s_ok = small_tree_ranges(pid_p, N, P, S, BN, BP, BS)
 
-    # Ancestor mask: reachability closure of (I + parent edges) by LOG2_BN boolean squarings on the
-    # tensor cores (paths of up to 2^k edges after k squarings), so depth costs nothing extra.
-    if IS_CHAIN:
-        anc = (nodes[None, :] <= nodes[:, None]) & ok[:, None]
-    else:
-        par = tl.load(par_ptr + b * s_par[0] + nodes * s_par[1], mask=ok, other=-1).to(tl.int32)
-        par = tl.where(par < nodes, par, -1)  # a parent must come earlier
-        anc = ((par[:, None] == nodes[None, :]) | (nodes[:, None] == nodes[None, :])) & ok[:, None]
-        for _ in tl.static_range(LOG2_BN):
-            r = anc.to(tl.float16)
-            anc = tl.dot(r, r) > 0.5
-
+    anc = small_tree_mask(par_ptr + b * s_par[0], s_par[1], nodes, ok, LOG2_BN, IS_CHAIN)
     c = tl.load(C_ptr + b * s_C[0] + g * s_C[2] + nodes[:, None] * s_C[1] + offs_s[None, :] * s_C[3],
                 mask=ok[:, None] & s_ok[None, :], other=0.0)
     bt = tl.load(B_ptr + b * s_B[0] + g * s_B[2] + nodes[None, :] * s_B[1] + offs_s[:, None] * s_B[3],
                  mask=ok[None, :] & s_ok[:, None], other=0.0)
-    if HALF:
-        cb = tl.dot(c, bt)
-    else:
-        cb = tl.dot(c, bt, input_precision="ieee")
+    cb = c_dot_bt(c, bt, HALF)
     c32 = c.to(tl.float32)
 
     for hh in range(HB):
         h = h_first + hh
         a = tl.load(dt_ptr + b * s_dt[0] + h * s_dt[2] + nodes * s_dt[1], mask=ok, other=0.0).to(tl.float32)
-        la = a * tl.load(A_ptr + h).to(tl.float32)
-        cs = tl.sum(tl.where(anc, la[None, :], 0.0), 1)  # tree cumulative sum S
-        h0t = tl.load(h0_ptr + b * s_h0[0] + h * s_h0[1] + offs_p[None, :] * s_h0[2] + offs_s[:, None] * s_h0[3],
-                      mask=p_ok[None, :] & s_ok[:, None], other=0.0).to(tl.float32)
-        acc = tl.dot(c32, h0t, input_precision=PREC) * tl.exp(cs)[:, None]
-        w = tl.exp(tl.where(anc, cs[:, None] - cs[None, :], float("-inf"))) * cb * a[None, :]
         xh = tl.load(x_ptr + b * s_x[0] + h * s_x[2] + nodes[:, None] * s_x[1] + offs_p[None, :] * s_x[3],
                      mask=ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
-        acc += tl.dot(w, xh, input_precision=PREC) + tl.load(D_ptr + h).to(tl.float32) * xh
+        acc = small_tree_head(anc, cb, c32, a, xh, A_ptr, D_ptr, h0_ptr + b * s_h0[0], s_h0, h, offs_p, p_ok,
+                              offs_s, s_ok, HALF)
         tl.store(y_ptr + b * s_y[0] + h * s_y[2] + nodes[:, None] * s_y[1] + offs_p[None, :] * s_y[3],
                  acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & p_ok[None, :])
 

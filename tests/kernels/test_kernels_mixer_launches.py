@@ -1,4 +1,5 @@
-"""The mixer's decode step through the fused kernel equals its reference path, and launches fewer kernels."""
+"""The mixer's decode step and tree pass through the fused kernels equal their reference paths, and launch
+fewer kernels."""
 
 import os
 
@@ -48,12 +49,34 @@ def test_mixer_step_fused_equals_reference_at_batch_3(ssm):
         backend.use(None)
 
 
-def test_fused_paths_launch_four_five_and_one_kernels_per_layer():
+@pytest.mark.parametrize("ssm", [dict(), dict(ngroups=2, D_has_hdim=True, dt_limit=(0.01, 1.0))])
+def test_mixer_tree_fused_equals_reference(ssm):
+    mixer = _mixer(**ssm)
+    state = mixer.new_state(2, "cpu", torch.float32)
+    state.ssm_state.normal_()
+    state.conv_state.normal_()
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 0, 0]])
+    u = torch.randn(2, 6, 32)
+    outs = []
+    try:
+        with torch.no_grad():
+            for which in ("torch", "triton"):
+                backend.use(which)
+                outs.append(mixer.tree(u, state, parents))
+    finally:
+        backend.use(None)
+    (y0, a0), (y1, a1) = outs
+    torch.testing.assert_close(y1, y0, atol=1e-5, rtol=1e-5)
+    for name in ("x", "dt", "Bm", "xBC"):
+        torch.testing.assert_close(getattr(a1, name), getattr(a0, name), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_paths_launch_four_four_and_one_kernels_per_layer():
     mixer = _mixer()
     mixer_launches(mixer, batch=2, nodes=4, which="triton")  # first call allocates the arrival counters
     counts = mixer_launches(mixer, batch=2, nodes=4, which="triton")
     assert counts["step"] == 4  # in_proj, fused step, gated norm, out_proj
-    assert counts["tree"] == 5  # in_proj, tree conv + dt, tree scan, gated norm, out_proj
+    assert counts["tree"] == 4  # in_proj, tree conv + dt + scan, gated norm, out_proj
     assert counts["commit"] == 1
     with count_launches() as c:
         torch.ones(2).add_(1)

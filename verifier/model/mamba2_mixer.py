@@ -166,10 +166,10 @@ class Mamba2Mixer(nn.Module):
     def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor):
         """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
-        xbc, dt = ops.tree_conv_dt(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
-                                   self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"))
-        x, Bm, Cm = self._split_xbc(xbc)
-        y = ops.tree_scan(x, dt, self._A(), Bm, Cm, self._D(), parents, state.ssm_state)
+        y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
+                                        self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"), self._A(),
+                                        self._D(), self.ngroups, self.headdim, state.ssm_state)
+        x, Bm, _ = self._split_xbc(xbc)
         return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=xBC)
 
     def commit(self, state: MambaLayerState, acts: MambaTreeActs, path, path_len) -> None:

@@ -1,0 +1,143 @@
+"""The Mamba2 layer's tree conv (+SiLU), dt and tree scan in ONE Triton launch (reference: ``tree_conv_scan_ref``).
+
+One program per (sequence, head, headdim block), as in the single-tile tree scan: it convolves its
+head's x channels and its group's B and C channels over every node (taps walk ``parents``; taps
+above the root read the committed conv state), computes its head's dt, then runs the whole-tree
+scan from those registers (ancestor mask by boolean squaring, tree cumsum, C H_0^T, C B^T, W X,
+D skip). The B/C convs are recomputed by every head of a group (cheap next to a launch) and stored
+by the group's first head only, dt by the first headdim block, so nothing is written twice.
+Trees of up to ``SMALL_MAX_NODES`` nodes with ``d_state <= 256`` and conv width >= 2; anything else
+runs the two unfused kernels (``tree_conv_dt_triton`` then ``tree_scan_triton``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from stree.kernels.pointwise import FUSED_ACTIVATIONS
+from stree.kernels.tree_conv_scan import split_xbc
+from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
+from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, c_dot_bt, small_tree_head, small_tree_mask,
+                                            small_tree_ranges, tree_scan_triton)
+
+MAX_STATE = 256
+"""Largest ``d_state`` the fused kernel takes (the single-tile scan's limit)."""
+
+
+@triton.jit
+def _tree_conv_scan_kernel(
+    xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_ptr, dtr_ptr, dtb_ptr, A_ptr, D_ptr, h0_ptr,
+    y_ptr, out_ptr, dt_ptr,
+    N, H, P, S, G, heads_per_group, dt_lo, dt_hi,
+    s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
+    BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, LOG2_BN: tl.constexpr, HALF: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    g = h // heads_per_group
+    odt = y_ptr.dtype.element_ty
+    nodes, ok, offs_p, p_ok, offs_s, s_ok = small_tree_ranges(pid_p, N, P, S, BN, BP, BS)
+    x_ch = h * P + offs_p
+    b_ch = H * P + g * S + offs_s
+    c_ch = b_ch + G * S
+    xbc_b = xbc_ptr + b * s_xbc[0]
+    cs_b = cs_ptr + b * s_cs[0]
+    par_b = par_ptr + b * s_par[0]
+
+    # Conv + SiLU of this program's channels over every node, rounded to the activations' dtype as
+    # the unfused path stores them (zero on padded nodes and channels).
+    xh = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, x_ch, p_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
+    bv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, b_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
+    cv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, c_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
+    raw = tl.load(dtr_ptr + b * s_dtr[0] + nodes * s_dtr[1] + h * s_dtr[2], mask=ok, other=0.0).to(tl.float32)
+    a = tl.where(ok, softplus_dt(raw + tl.load(dtb_ptr + h).to(tl.float32), dt_lo, dt_hi, CLAMP), 0.0)
+
+    anc = small_tree_mask(par_b, s_par[1], nodes, ok, LOG2_BN, False)
+    cb = c_dot_bt(cv, tl.trans(bv), HALF)
+    y = small_tree_head(anc, cb, cv.to(tl.float32), a, xh.to(tl.float32), A_ptr, D_ptr, h0_ptr + b * s_h0[0],
+                        s_h0, h, offs_p, p_ok, offs_s, s_ok, HALF)
+
+    xp_ok = ok[:, None] & p_ok[None, :]
+    tl.store(y_ptr + b * s_y[0] + nodes[:, None] * s_y[1] + h * s_y[2] + offs_p[None, :] * s_y[3],
+             y.to(odt), mask=xp_ok)
+    out_b = out_ptr + b * s_out[0] + nodes[:, None] * s_out[1]
+    tl.store(out_b + x_ch[None, :] * s_out[2], xh.to(out_ptr.dtype.element_ty), mask=xp_ok)
+    if pid_p == 0:
+        tl.store(dt_ptr + b * s_dt[0] + nodes * s_dt[1] + h * s_dt[2], a, mask=ok)
+        if h % heads_per_group == 0:  # the group's first head stores its B and C activations
+            xs_ok = ok[:, None] & s_ok[None, :]
+            tl.store(out_b + b_ch[None, :] * s_out[2], bv.to(out_ptr.dtype.element_ty), mask=xs_ok)
+            tl.store(out_b + c_ch[None, :] * s_out[2], cv.to(out_ptr.dtype.element_ty), mask=xs_ok)
+
+
+def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, D, ngroups, headdim, ssm_state):
+    """Shape checks (no device sync); returns ``(b, n, c, h, p, s)``."""
+    if xBC.dim() != 3 or ssm_state.dim() != 4:
+        raise ValueError(f"tree_conv_scan: xBC {tuple(xBC.shape)} / ssm_state {tuple(ssm_state.shape)} must be "
+                         "[B, N, C] / [B, H, P, S]")
+    b, n, c = xBC.shape
+    _, h, p, s = ssm_state.shape
+    if ssm_state.shape[0] != b or p != headdim or ngroups < 1 or h % ngroups or c != h * p + 2 * ngroups * s:
+        raise ValueError(f"tree_conv_scan: xBC {tuple(xBC.shape)} does not hold x, B, C of ssm_state "
+                         f"{tuple(ssm_state.shape)} with headdim {headdim} and {ngroups} groups (G must divide H)")
+    if conv_w.dim() != 2 or conv_w.shape[0] != c or conv_state.shape != (b, c, conv_w.shape[1] - 1):
+        raise ValueError(f"tree_conv_scan: conv weight {tuple(conv_w.shape)} / conv_state "
+                         f"{tuple(conv_state.shape)} must be [{c}, K] / [{b}, {c}, K-1]")
+    if conv_b is not None and conv_b.shape != (c,):
+        raise ValueError(f"tree_conv_scan: conv bias {tuple(conv_b.shape)} must be [{c}]")
+    if parents.shape != (b, n) or dt_raw.shape != (b, n, h):
+        raise ValueError(f"tree_conv_scan: parents {tuple(parents.shape)} / dt_raw {tuple(dt_raw.shape)} must be "
+                         f"[{b}, {n}] / [{b}, {n}, {h}]")
+    if dt_bias.shape != (h,) or A.shape != (h,) or D.shape != (h,):
+        raise ValueError(f"tree_conv_scan: dt_bias {tuple(dt_bias.shape)}, A {tuple(A.shape)}, D {tuple(D.shape)} "
+                         f"must be [{h}]")
+    return b, n, c, h, p, s
+
+
+def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
+                          A, D, ngroups, headdim, ssm_state, *, out=None):
+    """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
+
+    ``out = (y, xbc, dt)`` (optional) receives the outputs.
+    """
+    if activation not in FUSED_ACTIVATIONS:
+        raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
+    b, n, c, h, p, s = _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, D, ngroups,
+                                     headdim, ssm_state)
+    dev = xBC.device
+    if out is None:
+        out = (torch.empty(b, n, h, p, device=dev, dtype=xBC.dtype), torch.empty(b, n, c, device=dev, dtype=xBC.dtype),
+               torch.empty(b, n, h, device=dev, dtype=torch.float32))
+    y, xbc, dt = out
+    if (y.shape != (b, n, h, p) or xbc.shape != (b, n, c) or dt.shape != (b, n, h) or y.dtype != xBC.dtype
+            or xbc.dtype != xBC.dtype or dt.dtype != torch.float32):
+        raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
+                         f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
+    width = conv_w.shape[1]
+    if n > SMALL_MAX_NODES or s > MAX_STATE or width < 2:  # the two unfused kernels
+        tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
+                           dt=(dt_raw, dt_bias, dt_limit, dt))
+        x, Bm, Cm = split_xbc(xbc, ngroups, p, s)
+        tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y)
+        return y, xbc, dt
+    lo, hi = dt_limit
+    bn = max(16, triton.next_power_of_2(n))
+    bp = min(32, max(16, triton.next_power_of_2(p)))
+    _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](
+        xBC, conv_state, conv_w, conv_b if conv_b is not None else conv_w, parents, dt_raw, dt_bias, A, D,
+        ssm_state, y, xbc, dt,
+        n, h, p, s, ngroups, h // ngroups, float(lo), float(min(hi, 3.0e38)),
+        *(t.stride() for t in (xBC, conv_state, conv_w, parents, dt_raw, ssm_state, y, xbc, dt)),
+        K=width, HAS_BIAS=conv_b is not None, CLAMP=lo > 0.0 or hi < float("inf"),
+        BN=bn, BP=bp, BS=max(16, triton.next_power_of_2(s)), LOG2_BN=bn.bit_length() - 1,
+        HALF=xBC.dtype in (torch.float16, torch.bfloat16), num_warps=4,
+    )
+    return y, xbc, dt

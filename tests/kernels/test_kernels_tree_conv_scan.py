@@ -1,0 +1,84 @@
+"""Fused tree conv + dt + tree scan Triton kernel vs ``tree_conv_scan_ref`` (CPU interpreter, fp32)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from kernel_trees import padded_batch, rel_err  # noqa: E402
+from stree.bench.launches import count_launches  # noqa: E402
+from stree.kernels import backend, ops  # noqa: E402
+from stree.kernels.tree_conv_scan import tree_conv_scan_ref  # noqa: E402
+from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton  # noqa: E402
+
+
+def _inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit):
+    """Random layer inputs; xBC and dt_raw are column slices of one wider tensor, as in_proj gives them."""
+    b, n = parents.shape
+    c = heads * headdim + 2 * groups * d_state
+    zxbcdt = torch.randn(b, n, 3 + c + heads, generator=gen)
+    return dict(
+        xBC=zxbcdt[..., 3:3 + c], conv_state=torch.randn(b, c, width - 1, generator=gen),
+        conv_w=torch.randn(c, width, generator=gen) * 0.6,
+        conv_b=torch.randn(c, generator=gen) if bias else None, parents=parents,
+        dt_raw=zxbcdt[..., 3 + c:] * 2, dt_bias=torch.randn(heads, generator=gen), dt_limit=dt_limit,
+        activation="silu", A=-torch.rand(heads, generator=gen) * 2 - 0.1, D=torch.randn(heads, generator=gen),
+        ngroups=groups, headdim=headdim, ssm_state=torch.randn(b, heads, headdim, d_state, generator=gen),
+    )
+
+
+def _check(args):
+    states = (args["conv_state"].clone(), args["ssm_state"].clone())
+    ref = tree_conv_scan_ref(**args)
+    out = tuple(torch.full_like(r, float("nan")) for r in ref)
+    got = tree_conv_scan_triton(**args, out=out)
+    assert all(g is o for g, o in zip(got, out))
+    for name, o, r in zip(("y", "xbc", "dt"), out, ref):
+        assert torch.isfinite(o).all(), f"some of {name} was never written"
+        assert o.dtype == r.dtype and rel_err(o, r) < 1e-5, f"{name}: relative error {rel_err(o, r):.2e}"
+    assert torch.equal(args["conv_state"], states[0]) and torch.equal(args["ssm_state"], states[1])
+
+
+@pytest.mark.parametrize("specs,heads,headdim,groups,d_state,width,bias,dt_limit", [
+    # padded batch of a chain, a star and a deep tree; one group, d_state 12
+    ([("chain", 9), ("star", 7), ("deep", 13)], 2, 8, 1, 12, 4, True, (0.0, float("inf"))),
+    # two groups of two heads, two headdim blocks (40 = 32 + 8), width 2, no bias, dt clamped both ways
+    ([("bushy", 17), ("binary", 11)], 4, 40, 2, 10, 2, False, (0.05, 1.5)),
+    # one tree of 64 nodes (the largest single tile), clamped from above only
+    ([("deep", 64)], 2, 8, 2, 20, 4, True, (0.0, 0.8)),
+])
+def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d_state, width, bias, dt_limit):
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    _check(_inputs(gen, padded_batch(specs, gen), heads, headdim, groups, d_state, width, bias, dt_limit))
+
+
+@pytest.mark.parametrize("specs,width", [([("bushy", 70)], 4), ([("deep", 12), ("star", 5)], 1)])
+def test_large_trees_and_width_one_take_the_two_unfused_kernels(specs, width):
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    args = _inputs(gen, padded_batch(specs, gen), 2, 8, 1, 8, width, True, (0.0, float("inf")))
+    with count_launches() as c:
+        _check(args)
+    assert c["triton._tree_conv_kernel"] == 1 and c["triton._tree_conv_scan_kernel"] == 0
+
+
+def test_ops_routing_and_unfused_activation():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    args = _inputs(gen, padded_batch([("bushy", 6)], gen), 2, 8, 1, 8, 3, True, (0.0, float("inf")))
+    with pytest.raises(ValueError, match="activation"):
+        tree_conv_scan_triton(**{**args, "activation": "identity"})
+    backend.use("triton")
+    try:
+        for act in ("silu", "identity"):  # identity is not fused: the reference runs
+            with count_launches() as c:
+                got = ops.tree_conv_scan(**{**args, "activation": act})
+            assert c["triton._tree_conv_scan_kernel"] == (act == "silu")
+            for o, r in zip(got, tree_conv_scan_ref(**{**args, "activation": act})):
+                assert rel_err(o, r) < 1e-5
+    finally:
+        backend.use(None)
