@@ -2,8 +2,9 @@
 
 Two targets: the trained demo pair with its real draft model (HumanEval prompts; ``plain``,
 ``auto`` = goodput choice among plain/chains/trees, and a fixed tree), and, on a GPU, the
-Mamba2-2.7B shape with random weights and the oracle drafter (right for exactly tau-1 levels),
-where the plain run's own greedy output is the oracle's continuation. Every run is timed after
+Mamba2-2.7B shape with random weights and the device oracle drafter (right for exactly tau-1
+levels of the target's own output; see ``settle_oracle``), beside mamba_ssm's graphed decode at the
+same batch size. Every run is timed after
 a warm-up run of the same shape (graph captures happen there); the host time per step is the
 engine's launch + bookkeeping time, excluding waits for the GPU.
 """
@@ -17,10 +18,9 @@ import torch
 from tqdm import tqdm
 
 from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta, report
-from stree.bench.oracle import SHAPES, greedy_refresher, make_target
+from stree.bench.oracle import SHAPES, make_target
 from stree.bench.prompt_sets import load_prompt_set
-from stree.drafter_service.drafters.oracle import OracleDrafter
-from stree.protocols.drafter import DEFAULT_BUDGET
+from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.checkpoint import load_model
@@ -74,77 +74,88 @@ def pair_rows(args, device, dtype) -> list[dict]:
 
 
 def oracle_rows(args, device, dtype) -> list[dict]:
+    """The random-weight target with the device oracle (right for tau - 1 levels) at each batch size, against
+    plain decoding and mamba_ssm's graphed decode at the same batch size."""
+    from stree.bench.kernels import mamba_ssm_decode_ms
+
     shape = SHAPES[args.oracle_shape]
     model = make_target(args.oracle_shape, device, dtype)
     g = torch.Generator().manual_seed(0)
     rows = []
-    k = args.oracle_tau - 1
-    # bf16 tree passes and decode steps round differently, so a batched run soon leaves the plain run's
-    # continuation; the oracle then asks the target for its greedy continuation from there (untimed)
-    refresh = greedy_refresher(model, 64, args.oracle_prompt_len + 2 * args.oracle_new_tokens + 64)
+    k, n = args.oracle_tau - 1, args.oracle_new_tokens
+    trees = {"oracle-chain": [f"chain:{k + 1}"], f"oracle-{args.oracle_tree}": [args.oracle_tree],
+             "oracle-auto": ["none", f"chain:{k + 1}", args.oracle_tree]}
     for b in tqdm(args.batch_sizes, desc=f"oracle {args.oracle_shape}", file=sys.stderr):
         prompts = [torch.randint(0, shape["vocab_size"], (args.oracle_prompt_len,), generator=g).tolist()
                    for _ in range(b)]
-        n = args.oracle_new_tokens
         plain = timed(model, prompts, None, b, n + k + 1, 0.0)
         conts = plain.pop("outputs")
-        plain.update(tokens_per_s=plain["tokens_per_s"])
-        rows.append(dict(target=args.oracle_shape, method="plain", batch=b, temperature=0.0, **plain))
-        for nodes in (k + 2, args.oracle_nodes):
-            sessions = [OracleDrafter(p, c, shape["vocab_size"], k, nodes, seed=i, refresh=refresh)
-                        for i, (p, c) in enumerate(zip(prompts, conts))]
-            spec = _timed_oracle(model, prompts, sessions, b, n)
-            rows.append(dict(target=args.oracle_shape, method=f"oracle-{'chain' if nodes == k + 2 else nodes}",
-                             nodes=nodes, batch=b, temperature=0.0, target_tau=args.oracle_tau, **spec,
-                             speedup_vs_plain=spec["tokens_per_s"] / plain["tokens_per_s"]))
+        ref_ms = None
+        if device.type == "cuda":
+            ref_ms = mamba_ssm_decode_ms(dict(d_model=shape["d_model"], n_layer=shape["n_layer"]), dtype,
+                                         shape["vocab_size"], args.oracle_prompt_len, batch=b)
+        ref_tps = b * 1e3 / ref_ms if ref_ms else None
+        if ref_tps:
+            rows.append(dict(target=args.oracle_shape, method="mamba_ssm", batch=b, temperature=0.0,
+                             tokens_per_s=ref_tps, ms_per_step=ref_ms,
+                             note="graphed MambaLMHeadModel one-token step, no sampling or host work"))
+        rows.append(dict(target=args.oracle_shape, method="plain", batch=b, temperature=0.0, **plain,
+                         speedup_vs_mamba_ssm=plain["tokens_per_s"] / ref_tps if ref_tps else None))
+        for name, shapes in trees.items():
+            oracle = OracleDeviceDrafter(shape["vocab_size"], k, shapes, device)
+            rounds = settle_oracle(model, prompts, conts, oracle, b, args.oracle_settle_rounds)
+            spec = timed(model, prompts, oracle, b, n, 0.0)
+            outs = spec.pop("outputs")
+            rows.append(dict(target=args.oracle_shape, method=name, batch=b, temperature=0.0, target_tau=k + 1,
+                             settle_rounds=rounds, **spec,
+                             followed_continuation=sum(o == oracle.continuations[tuple(p[:-1])][1:n + 1]
+                                                       for p, o in zip(prompts, outs)) / b,
+                             speedup_vs_plain=spec["tokens_per_s"] / plain["tokens_per_s"],
+                             speedup_vs_mamba_ssm=spec["tokens_per_s"] / ref_tps if ref_tps else None))
     return rows
 
 
-def _timed_oracle(model, prompts, drafters, batch: int, new_tokens: int) -> dict:
-    """One oracle drafter per prompt: the engine's host-drafter path, all prompts in one batch.
+def settle_oracle(model, prompts, conts, oracle, batch: int, rounds: int) -> int:
+    """Register ``conts`` with the oracle, then let it follow what the speculative run itself generates.
 
-    The drafters' continuation refreshes (target passes of their own) are taken out of the time.
+    In bf16 a tree pass and a one-token step round differently, so near-ties can make the speculative
+    output leave plain decoding's continuation; the oracle would then be wrong from there on. Each
+    round runs the batch with the oracle and, where the output left the registered continuation,
+    registers the output instead. A run repeats the previous one up to its first difference (rows are
+    independent and a node's logits depend only on its ancestors), so each round moves the first
+    difference later. Returns the rounds that changed something.
     """
-    from stree.protocols.sampling import SamplingParams
-    from stree.verifier.decode.engine import Request
-    from stree.verifier.decode.loop import engine_for
-
-    best = None
-    for _ in range(2):  # the first run captures the graphs
-        engine = engine_for(model, "host", (), batch, max(len(p) for p in prompts) + new_tokens, None, DEFAULT_BUDGET)
-        reqs = [Request(p, new_tokens, SamplingParams(), drafter_session=d.open(p, SamplingParams()))
-                for p, d in zip(prompts, drafters)]
-        for d in drafters:
-            d.refresh_s, d.refreshes = 0.0, 0
-        cuda_sync()
-        t0 = time.perf_counter()
-        engine.run(reqs)
-        cuda_sync()
-        elapsed = time.perf_counter() - t0 - sum(d.refresh_s for d in drafters)
-        tokens = sum(len(r.output) for r in reqs)
-        steps = sum(r.steps for r in reqs)
-        res = {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, "tau": tokens / steps,
-               "continuation_refreshes": sum(d.refreshes for d in drafters),
-               **engine.host_step_stats}
-        if best is None or res["tokens_per_s"] > best["tokens_per_s"]:
-            best = res
-    return best
+    for p, c in zip(prompts, conts):
+        oracle.set_continuation(p, c)
+    length = len(conts[0])
+    for r in range(rounds):
+        outs = generate(model, prompts, drafter=oracle, max_new_tokens=length, max_batch=batch)
+        changed = False
+        for p, o in zip(prompts, outs):
+            if o.token_ids != oracle.continuations[tuple(p[:-1])][1:]:
+                oracle.set_continuation(p, o.token_ids)
+                changed = True
+        if not changed:
+            return r
+    return rounds
 
 
 def run(args) -> int:
     device, dtype = device_and_dtype(args)
-    rows = pair_rows(args, device, dtype)
+    rows = [] if args.skip_pair else pair_rows(args, device, dtype)
     if args.oracle_shape:
         rows += oracle_rows(args, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     record = {**record_meta("batch", device), "dtype": args.dtype, "torch": torch.__version__, "rows": rows}
-    header = f"{'target':<10}{'method':<14}{'T':>4}{'batch':>6}{'tok/s':>10}{'x plain':>9}{'tau':>6}{'host us':>9}"
+    header = (f"{'target':<10}{'method':<22}{'T':>4}{'batch':>6}{'tok/s':>10}{'x plain':>9}{'x mamba_ssm':>12}"
+              f"{'tau':>6}{'host us':>9}")
     return report(record, args.out, header, _table_line)
 
 
 def _table_line(r: dict) -> str:
-    sp = r.get("speedup_vs_plain")
-    return (f"{r['target']:<10}{r['method']:<14}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
-            f"{(f'{sp:.2f}x' if sp else '-'):>9}{(r.get('tau') or 0):>6.2f}{(r.get('host_us_p50') or 0):>9.0f}")
+    sp, sm = r.get("speedup_vs_plain"), r.get("speedup_vs_mamba_ssm")
+    return (f"{r['target']:<10}{r['method']:<22}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
+            f"{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{sm:.2f}x' if sm else '-'):>12}{(r.get('tau') or 0):>6.2f}"
+            f"{(r.get('host_us_p50') or 0):>9.0f}")
 
 
 def add_parser(sub) -> None:
@@ -155,9 +166,12 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--beam-tree", default="beam:5x3")
+    p.add_argument("--skip-pair", action="store_true", help="only the oracle rows (with --oracle-shape)")
     p.add_argument("--oracle-shape", default=None, choices=list(SHAPES), help="also the oracle at this random shape")
     p.add_argument("--oracle-tau", type=int, default=4)
-    p.add_argument("--oracle-nodes", type=int, default=16)
+    p.add_argument("--oracle-tree", default="static:2,2,1,1", help="the oracle's tree besides the chain")
+    p.add_argument("--oracle-settle-rounds", type=int, default=4,
+                   help="rounds letting the oracle follow the speculative run's own bf16 output (see settle_oracle)")
     p.add_argument("--oracle-prompt-len", type=int, default=64)
     p.add_argument("--oracle-new-tokens", type=int, default=128)
     add_device_args(p, "float32")

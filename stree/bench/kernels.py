@@ -184,6 +184,18 @@ def _check_tree_kernels(shape_name, shape, dtype, tol, tree_name, par, device, g
     got_out, got_dt = tree_conv_triton.tree_conv_dt_triton(xbc, cs, w, bias, parents, dt_raw, dt_bias, (0.0, 0.1))
     add("tree_conv_dt_conv", shape_name, dtype, rel_err(got_out, ref_out), tol, tree=tree_name)
     add("tree_conv_dt_dt", shape_name, dtype, rel_err(got_dt, ref_dt), 1e-5, tree=tree_name)
+    if n <= 64:  # the fused conv + dt + scan kernel (small trees)
+        from stree.kernels import tree_conv_scan, tree_conv_scan_triton
+
+        args = (xbc, cs, w, bias, parents, dt_raw, dt_bias, (0.0, 0.1), "silu", inp["A"], inp["D"], g, p,
+                inp["ssm_state"])
+        ref_y, ref_xbc, ref_dt = tree_conv_scan.tree_conv_scan_ref(*args)
+        outs = (torch.full_like(inp["x"], float("nan")), torch.full_like(xbc, float("nan")),
+                torch.full_like(ref_dt, float("nan")))
+        tree_conv_scan_triton.tree_conv_scan_triton(*args, out=outs)
+        for part, got, want in zip(("y", "xbc", "dt"), outs, (ref_y, ref_xbc, ref_dt)):
+            add(f"tree_conv_scan_{part}", shape_name, dtype, rel_err(got, want), 1e-5 if part == "dt" else tol,
+                tree=tree_name)
     # replay along the first root-to-leaf path of each tree
     plist = parents.tolist()
     paths = [root_to_leaf_paths(pl)[-1] for pl in plist]
@@ -484,8 +496,9 @@ def copy_bandwidth_gbs(device, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes * 10 / (start.elapsed_time(stop) / 1e3) / 1e9
 
 
-def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int) -> float | None:
-    """mamba_ssm's own MambaLMHeadModel one-token decode step, CUDA-graphed, on the same shape (or None)."""
+def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int, batch: int = 1) -> float | None:
+    """mamba_ssm's own MambaLMHeadModel one-token decode step for ``batch`` sequences, CUDA-graphed, on the
+    same shape (or None)."""
     if import_mamba_ssm()[0] is None:
         return None
     try:
@@ -496,11 +509,11 @@ def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int) -> floa
         cfg = MambaConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=vocab,
                           ssm_cfg={"layer": "Mamba2", "use_mem_eff_path": False})
         model = MambaLMHeadModel(cfg, device="cuda", dtype=dtype).eval()
-        params = InferenceParams(max_seqlen=prompt_len + 64, max_batch_size=1)
+        params = InferenceParams(max_seqlen=prompt_len + 64, max_batch_size=batch)
         with torch.no_grad():
-            model(torch.randint(0, vocab, (1, prompt_len), device="cuda"), inference_params=params)
+            model(torch.randint(0, vocab, (batch, prompt_len), device="cuda"), inference_params=params)
             params.seqlen_offset = prompt_len
-            tok = torch.randint(0, vocab, (1, 1), device="cuda")
+            tok = torch.randint(0, vocab, (batch, 1), device="cuda")
             ms = graphed_us([lambda: model(tok, inference_params=params, num_last_tokens=1)], reps=20) / 1000
         del model
         torch.cuda.empty_cache()

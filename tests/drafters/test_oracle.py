@@ -65,3 +65,48 @@ def test_refresh_recovers_from_a_wrong_continuation(models):
     assert res.token_ids == cont[:36]
     assert drafter.refreshes >= 1 and drafter.refresh_s > 0
     assert res.stats["mean_accepted_length"] > 3.0  # back on track after the refresh
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+@pytest.mark.parametrize("k, shape", [(0, "chain:1"), (2, "chain:3"), (2, "static:2,2,1"), (1, "static:3,1")])
+def test_device_oracle_in_the_batched_engine_accepts_exactly_tau(models, arch, k, shape):
+    """Batch of prompts of different lengths: output equals plain greedy, and every step of a registered prompt
+    accepts k + 1 tokens."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+
+    target = models[arch]
+    prompts = [[3, 1, 4], [9, 2, 6, 5, 3, 5], [7]]
+    n = 12
+    conts = [r.token_ids for r in generate(target, prompts, max_new_tokens=n + k + 1)]
+    oracle = OracleDeviceDrafter(target.vocab_size, k, shape, target.device)
+    for p, c in zip(prompts[:2], conts):
+        oracle.set_continuation(p, c)
+    outs = generate(target, prompts, drafter=oracle, max_new_tokens=n, max_batch=3)
+    assert [o.token_ids for o in outs] == [c[:n] for c in conts]
+    assert [o.stats["steps"] for o in outs[:2]] == [-(-n // (k + 1))] * 2
+    # the third prompt has no continuation registered: arbitrary drafts, and the output is still exact
+
+
+def test_device_oracle_with_auto_choice_equals_plain(models):
+    """Over none, a chain and a tree the engine picks by goodput; the output stays plain greedy."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+
+    target = models["hybrid"]
+    prompts = [[3, 1, 4], [9, 2, 6, 5]]
+    conts = [r.token_ids for r in generate(target, prompts, max_new_tokens=24)]
+    oracle = OracleDeviceDrafter(target.vocab_size, 2, ["none", "chain:3", "static:2,2,1"], target.device)
+    for p, c in zip(prompts, conts):
+        oracle.set_continuation(p, c)
+    outs = generate(target, prompts, drafter=oracle, max_new_tokens=20)
+    assert [o.token_ids for o in outs] == [c[:20] for c in conts]
+
+
+def test_device_oracle_refuses_what_it_cannot_lay_out():
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+
+    with pytest.raises(ValueError, match="must be chain or static"):
+        OracleDeviceDrafter(50, 1, "beam:3x2", "cpu")
+    with pytest.raises(ValueError, match="correct_depth 3"):
+        OracleDeviceDrafter(50, 3, "chain:3", "cpu")
+    with pytest.raises(ValueError, match="no continuation registered"):
+        OracleDeviceDrafter(50, 1, "chain:2", "cpu").open([1, 2], SamplingParams())
