@@ -3,9 +3,9 @@
 cuBLAS picks poor kernels at some small row counts: measured on the H100 (fp32, the demo target),
 its in_proj takes 15.5 us at 5 rows against 4.0 at 8 and 7.0 at 16, and every tree pass pays that
 per layer. So, once per (rows, weight shape, dtype, device), ``linear`` times the plain call
-against zero-padding the input to 8, 16 or 32 rows (pad included) and against the few-row Triton
-kernel (``linear_triton.py``), each in a CUDA graph, and keeps another choice only where it is
-clearly faster than the plain call.
+against zero-padding the input to 8, 16 or 32 rows (pad included, in a CUDA graph) and keeps a
+padding only where it is clearly faster. A Triton few-row GEMM was tried first and measured
+slower than cuBLAS at most row counts (see BENCHMARKS.md), so cuBLAS stays the only GEMM.
 """
 
 from __future__ import annotations
@@ -31,39 +31,22 @@ def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def run_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, choice) -> torch.Tensor:
-    """``F.linear`` the way ``choice`` says: a row count to pad to, or ``"triton"`` (the few-row kernel)."""
-    if choice == "triton":
-        from stree.kernels.linear_triton import few_row_linear_triton
-
-        return few_row_linear_triton(x, weight, bias)
-    return padded_linear(x, weight, bias, choice)
-
-
-def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None):
-    """How to run an ``m``-row input: ``m`` itself unless a padded row count or ``"triton"`` measured clearly faster."""
+def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The row count to run an ``m``-row input at (``m`` itself unless a padding measured clearly faster)."""
     key = (m, tuple(weight.shape), weight.dtype, weight.device, bias is not None)
     if key not in _CHOICE:
         if capturing():  # no timing inside a capture: unpadded, and decided on the next eager call
             return m
         x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        options = [m, *(r for r in PAD_ROWS if r > m), *(["triton"] if _has_triton() else [])]
-        times = {c: graphed_us([lambda c=c: run_choice(x, weight, bias, c)] * 20, reps=5) for c in options}
+        times = {r: graphed_us([lambda r=r: padded_linear(x, weight, bias, r)] * 20, reps=5)
+                 for r in (m,) + PAD_ROWS if r >= m}
         best = min(times, key=times.get)
         _CHOICE[key] = best if times[best] <= MIN_GAIN * times[m] else m
     return _CHOICE[key]
 
 
-def _has_triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def row_choices() -> dict:
-    """What was decided so far: ``{(rows, (out, in), dtype): padded rows or "triton"}`` (benchmarks, tests)."""
+    """What was decided so far: ``{(rows, (out, in), dtype): padded rows}`` (for benchmarks and tests)."""
     return {(k[0], k[1], str(k[2]).removeprefix("torch.")): v for k, v in _CHOICE.items()}
 
 
@@ -73,4 +56,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if (not x.is_cuda or not 1 < m < PAD_ROWS[-1]
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
-    return run_choice(x, weight, bias, choose_rows(m, weight, bias))
+    return padded_linear(x, weight, bias, choose_rows(m, weight, bias))

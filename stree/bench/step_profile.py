@@ -110,10 +110,8 @@ def _print_breakdown(name: str, table: dict) -> None:
 
 def _matmul_table(d_in: int, d_out: int, dtype, rows=(1, 2, 5, 8, 13, 16, 21, 32)) -> dict:
     """Graphed microseconds per ``[M, d_in] x [d_in, d_out]`` linear at tree-pass row counts: cuBLAS at M
-    rows (``M5``), ``ops.linear`` (``M5_padded``: the way its timing chose, pad included) and the few-row
-    Triton kernel (``M5_triton``)."""
+    rows (``M5``) and ``ops.linear`` (``M5_padded``: at the row count its timing chose, pad included)."""
     from stree.kernels import ops
-    from stree.kernels.linear_triton import few_row_linear_triton
 
     w = torch.randn(d_out, d_in, device="cuda", dtype=dtype)
     out = {}
@@ -123,7 +121,6 @@ def _matmul_table(d_in: int, d_out: int, dtype, rows=(1, 2, 5, 8, 13, 16, 21, 32
         with torch.no_grad():
             ops.linear(x, w)  # decides the padding outside the timing graph
             out[f"M{m}_padded"] = graphed_us([lambda: ops.linear(x, w)] * 20)
-            out[f"M{m}_triton"] = graphed_us([lambda: few_row_linear_triton(x, w)] * 20)
     return out
 
 
