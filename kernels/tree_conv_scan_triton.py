@@ -6,8 +6,11 @@ above the root read the committed conv state), computes its head's dt, then runs
 scan from those registers (ancestor mask by boolean squaring, tree cumsum, C H_0^T, C B^T, W X,
 D skip). The B/C convs are recomputed by every head of a group (cheap next to a launch) and stored
 by the group's first head only, dt by the first headdim block, so nothing is written twice.
-Trees of up to ``SMALL_MAX_NODES`` nodes with ``d_state <= 256`` and conv width >= 2; anything else
-runs the two unfused kernels (``tree_conv_dt_triton`` then ``tree_scan_triton``).
+The kernel takes trees of up to ``SMALL_MAX_NODES`` nodes, but is used by default only up to
+``FUSED_MAX_NODES`` (16 padded nodes): measured on the H100 (2026-11-24, bf16, Mamba2-2.7B shape) it
+is on par with the two kernels at 8-16 nodes and much slower at 32-64 (the per-head recomputed B/C
+convs of a large tile), while it saves a launch per layer on small trees. Larger trees, ``d_state > 256``
+or conv width 1 run the two unfused kernels (``tree_conv_dt_triton`` then ``tree_scan_triton``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, c_dot_bt, small_tre
 
 MAX_STATE = 256
 """Largest ``d_state`` the fused kernel takes (the single-tile scan's limit)."""
+FUSED_MAX_NODES = 16
+"""Largest padded tree routed to the fused kernel by default (see the module docstring)."""
 
 
 @triton.jit
@@ -103,10 +108,11 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
-                          A, D, ngroups, headdim, ssm_state, *, out=None):
+                          A, D, ngroups, headdim, ssm_state, *, out=None, max_fused_nodes=FUSED_MAX_NODES):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
-    ``out = (y, xbc, dt)`` (optional) receives the outputs.
+    ``out = (y, xbc, dt)`` (optional) receives the outputs. Trees over ``max_fused_nodes`` (at most
+    ``SMALL_MAX_NODES``) nodes run the two unfused kernels.
     """
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
@@ -122,7 +128,7 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
                          f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
     width = conv_w.shape[1]
-    if n > SMALL_MAX_NODES or s > MAX_STATE or width < 2:  # the two unfused kernels
+    if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > MAX_STATE or width < 2:  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
                            dt=(dt_raw, dt_bias, dt_limit, dt))
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)

@@ -124,7 +124,7 @@ def test_fused_tree_conv_scan_matches_reference(dtype, tol, heads, headdim, d_st
             ngroups, headdim, torch.randn(b, heads, headdim, d_state, device="cuda", generator=g) * 0.5)
     want = tree_conv_scan_ref(*args)
     outs = tuple(torch.full_like(w, float("nan")) for w in want)
-    tree_conv_scan_triton(*args, out=outs)
+    tree_conv_scan_triton(*args, out=outs, max_fused_nodes=64)  # the kernel itself, past its default routing
     for got, ref in zip(outs, want):
         assert torch.isfinite(got).all()
         assert rel_err(got, ref) < (1e-5 if ref.dtype == torch.float32 and got is outs[2] else tol)

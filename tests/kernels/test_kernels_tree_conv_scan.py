@@ -15,7 +15,7 @@ from kernel_trees import padded_batch, rel_err  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
 from stree.kernels import backend, ops  # noqa: E402
 from stree.kernels.tree_conv_scan import tree_conv_scan_ref  # noqa: E402
-from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton  # noqa: E402
+from stree.kernels.tree_conv_scan_triton import FUSED_MAX_NODES, tree_conv_scan_triton  # noqa: E402
 
 
 def _inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit):
@@ -33,11 +33,11 @@ def _inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit
     )
 
 
-def _check(args):
+def _check(args, **kw):
     states = (args["conv_state"].clone(), args["ssm_state"].clone())
     ref = tree_conv_scan_ref(**args)
     out = tuple(torch.full_like(r, float("nan")) for r in ref)
-    got = tree_conv_scan_triton(**args, out=out)
+    got = tree_conv_scan_triton(**args, out=out, **kw)
     assert all(g is o for g, o in zip(got, out))
     for name, o, r in zip(("y", "xbc", "dt"), out, ref):
         assert torch.isfinite(o).all(), f"some of {name} was never written"
@@ -54,8 +54,20 @@ def _check(args):
     ([("deep", 64)], 2, 8, 2, 20, 4, True, (0.0, 0.8)),
 ])
 def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d_state, width, bias, dt_limit):
+    """The fused kernel at every tile size it takes (routing by default stops at FUSED_MAX_NODES)."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    _check(_inputs(gen, padded_batch(specs, gen), heads, headdim, groups, d_state, width, bias, dt_limit))
+    args = _inputs(gen, padded_batch(specs, gen), heads, headdim, groups, d_state, width, bias, dt_limit)
+    with count_launches() as c:
+        _check(args, max_fused_nodes=64)
+    assert c["triton._tree_conv_scan_kernel"] == 1
+
+
+def test_trees_over_the_fused_size_take_the_two_kernels_by_default():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    args = _inputs(gen, padded_batch([("bushy", FUSED_MAX_NODES + 1)], gen), 2, 8, 1, 8, 4, True, (0.0, 1.0))
+    with count_launches() as c:
+        _check(args)
+    assert c["triton._tree_conv_kernel"] == 1 and c["triton._tree_conv_scan_kernel"] == 0
 
 
 @pytest.mark.parametrize("specs,width", [([("bushy", 70)], 4), ([("deep", 12), ("star", 5)], 1)])
