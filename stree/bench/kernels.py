@@ -705,7 +705,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
     """The installed version of ``package``, or None (named in the record: which anchor ran)."""
     try:
         return importlib.metadata.version(package)
@@ -750,7 +750,7 @@ def run(args) -> int:
     result = dict(
         device=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
         triton=__import__("triton").__version__, mamba_ssm=mamba[0] is not None, dtype=args.dtype,
-        command=" ".join(sys.argv), rows=[], causal_conv1d=_version("causal_conv1d"),
+        command=" ".join(sys.argv), rows=[], causal_conv1d=package_version("causal_conv1d"),
         kernels_per_layer=_kernels_per_layer(),
     )
     print(f"kernels per Mamba2 layer (launch count, tiny mixer on the GPU): {result['kernels_per_layer']}", file=sys.stderr)
