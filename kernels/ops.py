@@ -14,7 +14,6 @@ from stree.kernels.rotary import rotary_inv_freq
 _OPS = {
     "tree_scan": ("tree_scan:tree_scan_ref", "tree_scan_triton:tree_scan_triton"),
     "tree_conv1d": ("tree_conv:tree_conv1d_ref", "tree_conv_triton:tree_conv1d_triton"),
-    "tree_conv_dt": ("tree_conv:tree_conv_dt_ref", "tree_conv_triton:tree_conv_dt_triton"),
     "tree_conv_scan": ("tree_conv_scan:tree_conv_scan_ref", "tree_conv_scan_triton:tree_conv_scan_triton"),
     "replay": ("replay:replay_ref", "replay_triton:replay_triton"),
     "mamba_step": ("mamba_step:mamba_step_ref", "mamba_step_triton:mamba_step_triton"),
@@ -59,14 +58,6 @@ def tree_scan(x, dt, A, Bm, Cm, D, parents, ssm_state):
 
 def tree_conv1d(xBC, conv_state, weight, bias, parents):
     return get("tree_conv1d", xBC.device)(xBC, conv_state, weight, bias, parents)
-
-
-def tree_conv_dt(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit, activation):
-    """The tree pass's conv (+activation) and dt in one launch; the reference for other activations."""
-    op = get("tree_conv_dt", xBC.device)
-    if activation not in FUSED_ACTIVATIONS:
-        op = _load(_OPS["tree_conv_dt"][0])
-    return op(xBC, conv_state, weight, bias, parents, dt_raw, dt_bias, dt_limit, activation)
 
 
 def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,

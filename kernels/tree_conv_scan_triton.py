@@ -22,11 +22,9 @@ import triton.language as tl
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
 from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
-from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, c_dot_bt, small_tree_head, small_tree_mask,
-                                            small_tree_ranges, tree_scan_triton)
+from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, SMALL_MAX_STATE, c_dot_bt, small_tree_head,
+                                            small_tree_mask, small_tree_ranges, tree_scan_triton)
 
-MAX_STATE = 256
-"""Largest ``d_state`` the fused kernel takes (the single-tile scan's limit)."""
 FUSED_MAX_NODES = 16
 """Largest padded tree routed to the fused kernel by default (see the module docstring)."""
 
@@ -128,7 +126,7 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
                          f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
     width = conv_w.shape[1]
-    if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > MAX_STATE or width < 2:  # the two unfused kernels
+    if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > SMALL_MAX_STATE or width < 2:  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
                            dt=(dt_raw, dt_bias, dt_limit, dt))
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)

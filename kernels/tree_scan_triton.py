@@ -225,6 +225,8 @@ def _tree_scan_kernel(
 
 SMALL_MAX_NODES = 64
 """Trees up to this many (padded) nodes take the single-tile kernel; larger ones the tiled kernel."""
+SMALL_MAX_STATE = 256
+"""Largest ``d_state`` the single-tile kernel takes."""
 
 
 def check_tree_scan_inputs(x, dt, A, Bm, Cm, D, parents, ssm_state) -> None:
@@ -267,7 +269,7 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
     bp = block_p or min(32, max(16, triton.next_power_of_2(p)))
     common = (x, dt, A, Bm, Cm, D, parents, ssm_state, y)
     strides = tuple(t.stride() for t in (x, dt, Bm, Cm, parents, ssm_state, y))
-    if n <= SMALL_MAX_NODES and s <= 256 and (block_m is None or block_m >= bn):
+    if n <= SMALL_MAX_NODES and s <= SMALL_MAX_STATE and (block_m is None or block_m >= bn):
         hb = heads_per_program or 1  # sharing the mask and C.B^T between heads measured slower
         if hpg % hb:
             raise ValueError(f"tree_scan: heads_per_program={hb} must divide the {hpg} heads of a group")

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stree.kernels import ops
+from stree.kernels.tree_conv_scan import split_xbc
 
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.linear import Linear
@@ -114,13 +115,7 @@ class Mamba2Mixer(nn.Module):
         return torch.zeros(self.nheads, device=self.D.device) if self.D_has_hdim else self.D
 
     def _split_xbc(self, xbc: torch.Tensor):
-        x, Bm, Cm = torch.split(xbc, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], -1)
-        lead = xbc.shape[:-1]
-        return (
-            x.reshape(*lead, self.nheads, self.headdim),
-            Bm.reshape(*lead, self.ngroups, self.d_state),
-            Cm.reshape(*lead, self.ngroups, self.d_state),
-        )
+        return split_xbc(xbc, self.ngroups, self.headdim, self.d_state)
 
     def _finish(self, y: torch.Tensor, x: torch.Tensor, z, z0, x0) -> torch.Tensor:
         """Gated norm, the optional MLP half of in_proj, and out_proj."""
