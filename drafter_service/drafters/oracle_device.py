@@ -69,13 +69,18 @@ class OracleDeviceDrafter:
     def set_continuation(self, prompt_ids: Sequence[int], continuation: Sequence[int]) -> None:
         self.continuations[tuple(int(t) for t in prompt_ids[:-1])] = [int(prompt_ids[-1])] + [int(t) for t in continuation]
 
-    def open(self, prompt_ids: Sequence[int], params: SamplingParams):
-        """The host oracle's session on the registered continuation (the engine's host-drafter path)."""
+    def continuation(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The continuation registered for ``prompt_ids``; a ValueError when there is none."""
         seq = self.continuations.get(tuple(int(t) for t in prompt_ids[:-1]))
         if seq is None or seq[0] != int(prompt_ids[-1]):
             raise ValueError("oracle drafter: no continuation registered for this prompt")
+        return seq[1:]
+
+    def open(self, prompt_ids: Sequence[int], params: SamplingParams):
+        """The host oracle's session on the registered continuation (the engine's host-drafter path)."""
         nodes = max(s.num_nodes for s in self.shapes)
-        return OracleDrafter(prompt_ids, seq[1:], self.vocab_size, self.k, nodes).open(prompt_ids, params)
+        return OracleDrafter(prompt_ids, self.continuation(prompt_ids), self.vocab_size, self.k,
+                             nodes).open(prompt_ids, params)
 
     def device_drafter(self):
         """Itself, over its shapes (several, ``none`` included, let the engine choose by goodput)."""
