@@ -35,7 +35,7 @@ def tree_attention_ref(
     """Plain-PyTorch masked attention; returns ``[B, N, Hq, D]`` in ``q``'s dtype."""
     b, n, hq, d = q.shape
     hkv = k_cache.shape[2]
-    used = int((seqlen + n).max())
+    used = min(int((seqlen + n).max()), k_cache.shape[1])  # padded prefill rows may reach past the cache
     k = k_cache[:, :used].float().repeat_interleave(hq // hkv, dim=2)
     v = v_cache[:, :used].float().repeat_interleave(hq // hkv, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)

@@ -69,19 +69,27 @@ class Attention(nn.Module):
             ctx = torch.cat([ctx, up * F.silu(gate)], dim=-1)
         return self.out_proj(ctx)
 
-    def _write(self, state: AttnLayerState, seqlen: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _write(self, state: AttnLayerState, seqlen: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               lengths: torch.Tensor | None = None) -> None:
+        """K/V of position i into slot ``seqlen + i``. With ``lengths`` (right padding) a row's padding positions
+        rewrite its last real slot with its last real K/V, so nothing lands past a row's end or the cache's."""
         b, t = k.shape[:2]
         cap = state.k_cache.shape[1]
-        if not capturing() and int((seqlen + t).max()) > cap:
-            raise ValueError(f"KV cache of {cap} slots is full (need {int((seqlen + t).max())})")
-        slots = seqlen[:, None] + torch.arange(t, device=k.device)[None, :]
+        need = seqlen + (t if lengths is None else lengths)
+        if not capturing() and int(need.max()) > cap:
+            raise ValueError(f"KV cache of {cap} slots is full (need {int(need.max())})")
+        idx = torch.arange(t, device=k.device)[None, :].expand(b, t)
         rows = torch.arange(b, device=k.device)[:, None].expand(b, t)
+        if lengths is not None:
+            idx = torch.minimum(idx, lengths[:, None] - 1)
+            k, v = k[rows, idx], v[rows, idx]
+        slots = seqlen[:, None] + idx
         state.k_cache[rows, slots] = k.to(state.k_cache.dtype)
         state.v_cache[rows, slots] = v.to(state.v_cache.dtype)
 
-    def _attend(self, u, state, seqlen, pos, anc_mask):
+    def _attend(self, u, state, seqlen, pos, anc_mask, lengths=None):
         q, k, v, x_mlp = self._qkv(u, pos)
-        self._write(state, seqlen, k, v)
+        self._write(state, seqlen, k, v, lengths)
         ctx = ops.tree_attention(q, state.k_cache, state.v_cache, seqlen, anc_mask, self.softmax_scale)
         return self._out(ctx, x_mlp)
 
@@ -98,11 +106,13 @@ class Attention(nn.Module):
         ).transpose(1, 2)
         return self._out(ctx, x_mlp)
 
-    def prefill(self, u, state: AttnLayerState, seqlen: torch.Tensor) -> torch.Tensor:
+    def prefill(self, u, state: AttnLayerState, seqlen: torch.Tensor, lengths: torch.Tensor | None = None):
+        """T tokens after the cached ones; with ``lengths`` only row b's first ``lengths[b]`` are real (right
+        padding): real positions never see padding under the causal mask, and padding K/V are not cached."""
         b, t = u.shape[:2]
         ar = torch.arange(t, device=u.device)
         chain = (ar[None, :] <= ar[:, None])[None].expand(b, t, t)
-        return self._attend(u, state, seqlen, seqlen[:, None] + ar[None, :], chain)
+        return self._attend(u, state, seqlen, seqlen[:, None] + ar[None, :], chain, lengths)
 
     def step(self, u, state: AttnLayerState, seqlen: torch.Tensor) -> torch.Tensor:
         one = torch.ones(u.shape[0], 1, 1, dtype=torch.bool, device=u.device)

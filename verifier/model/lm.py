@@ -135,17 +135,31 @@ class LMState:
         return LMState([_map_layer(s, lambda t: t[index].clone()) for s in self.layers], self.seqlen[index].clone(),
                        self.max_seqlen)
 
-    def assign_row(self, row: int, src: "LMState") -> None:
-        """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""
+    def rows(self, n: int) -> "LMState":
+        """The first ``n`` rows as views: an in-place update of the result (e.g. a prefill) updates this state."""
+        return LMState([_map_layer(s, lambda t: t[:n]) for s in self.layers], self.seqlen[:n], self.max_seqlen)
+
+    def assign_rows(self, rows: list[int], src: "LMState") -> None:
+        """Overwrite rows ``rows`` with ``src``'s rows ``0..len(rows)-1`` (sequences joining a slot pool).
+
+        A KV cache with another slot count than the pool's gives its first ``min(src, dst)`` slots; the rest are zeroed.
+        """
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.seqlen.device)
+        n = idx.numel()
         for dst_layer, src_layer in zip(self.layers, src.layers):
             for name, t in vars(dst_layer).items():
-                s = getattr(src_layer, name)[0]
-                if s.shape == t[row].shape:
-                    t[row].copy_(s)
-                else:  # a KV cache with fewer slots than the pool's
-                    t[row].zero_()
-                    t[row, : s.shape[0]].copy_(s)
-        self.seqlen[row] = src.seqlen[0]
+                s = getattr(src_layer, name)[:n]
+                if s.shape[1:] != t.shape[1:]:
+                    fit = s.new_zeros((n, *t.shape[1:]))
+                    m = min(s.shape[1], t.shape[1])
+                    fit[:, :m] = s[:, :m]
+                    s = fit
+                t.index_copy_(0, idx, s.to(t.dtype))
+        self.seqlen[idx] = src.seqlen[:n].to(self.seqlen.device)
+
+    def assign_row(self, row: int, src: "LMState") -> None:
+        """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""
+        self.assign_rows([row], src)
 
     @property
     def batch_size(self) -> int:
@@ -205,13 +219,18 @@ class StreeLM(WeightsHome, nn.Module):
             logits = logits / self.config.logits_scaling
         return (logits, h) if return_hidden else logits
 
-    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None, return_hidden: bool = False):
+    def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None, return_hidden: bool = False,
+             pick: torch.Tensor | None = None):
+        """Embed, run every block, read logits; ``pick`` (``[B]`` positions) reads them at one position per row."""
         hidden, residual = self.backbone.embedding(input_ids), None
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
         emb = hidden  # what hybrid (Zamba2) layers concatenate to the residual stream
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix, emb)
+        if pick is not None:  # only the picked positions go through the final norm and the LM head
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            hidden, residual = hidden[rows, pick], residual[rows, pick]
         return self._logits(hidden, residual, head, return_hidden)
 
     def trimmed_head(self, keep: torch.Tensor) -> "TrimmedHead":
@@ -243,15 +262,17 @@ class StreeLM(WeightsHome, nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
 
-    def _cached_mixes(self, state: LMState, mode: str) -> list:
+    def _cached_mixes(self, state: LMState, mode: str, lengths: torch.Tensor | None = None) -> list:
         """Per layer, ``h -> y`` through its mixer's ``mode`` ("prefill" or "step") on the layer's state;
-        attention also gets the tokens already in the state, token mixers (MLPs) take ``h`` alone."""
+        attention also gets the tokens already in the state, token mixers (MLPs) take ``h`` alone.
+        ``lengths`` (prefill only) is each row's count of real tokens in a right-padded batch."""
         seqlen = state.seqlen
+        kw = {} if lengths is None else {"lengths": lengths}
         return [
             b.mixer if b.kind == "token"
-            else (lambda h, e, f=getattr(b.mixer, mode), s=s: f(h, e, s, seqlen)) if b.kind == "hybrid"
-            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen)) if b.is_attention
-            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s))
+            else (lambda h, e, f=getattr(b.mixer, mode), s=s: f(h, e, s, seqlen, **kw)) if b.kind == "hybrid"
+            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen, **kw)) if b.is_attention
+            else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, **kw))
             for b, s in zip(self.backbone.layers, state.layers)
         ]
 
@@ -261,6 +282,26 @@ class StreeLM(WeightsHome, nn.Module):
         self._check_ids(input_ids)
         out = self._run(input_ids, self._cached_mixes(state, "prefill"), return_hidden=return_hidden)
         state.seqlen += input_ids.shape[1]
+        return out
+
+    @torch.no_grad()
+    def prefill_padded(self, input_ids: torch.Tensor, lengths: torch.Tensor, state: LMState,
+                       return_hidden: bool = False):
+        """Feed row b its first ``lengths[b]`` tokens of ``[B, T]`` ``input_ids`` (the rest is padding) in one pass;
+        the state's rows advance by ``lengths``, exactly as a per-row ``prefill`` of the real tokens would.
+
+        Returns ``[B, V]`` float32 logits at each row's last real token (and, with ``return_hidden``, the
+        final-norm hidden ``[B, d]`` there); only those positions reach the LM head.
+        """
+        self._check_ids(input_ids)
+        b, t = input_ids.shape
+        if not capturing() and (lengths.shape != (b,) or lengths.dtype != torch.long
+                                or (b > 0 and (int(lengths.min()) < 1 or int(lengths.max()) > t))):
+            raise ValueError(f"prefill_padded: lengths must be a [{b}] long tensor with values in 1..{t}; got "
+                             f"{lengths.dtype} {tuple(lengths.shape)} {lengths.tolist()}")
+        out = self._run(input_ids, self._cached_mixes(state, "prefill", lengths), return_hidden=return_hidden,
+                        pick=lengths - 1)
+        state.seqlen += lengths
         return out
 
     @torch.no_grad()

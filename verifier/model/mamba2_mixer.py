@@ -142,12 +142,24 @@ class Mamba2Mixer(nn.Module):
         state = self.new_state(b, u.device, u.dtype)
         return self.prefill(u, state)
 
-    def prefill(self, u: torch.Tensor, state: MambaLayerState) -> torch.Tensor:
-        """T tokens continuing from ``state`` (updated in place)."""
+    def prefill(self, u: torch.Tensor, state: MambaLayerState, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """T tokens continuing from ``state`` (updated in place).
+
+        With ``lengths`` ``[B]`` only row b's first ``lengths[b]`` tokens are real (right padding): padding gets
+        dt = 0, so it neither decays nor feeds the SSM state, and the conv state ends at each row's last real token.
+        """
         z0, x0, z, xBC, dt_raw = self._split_in(u)
+        dt, hist = self._dt(dt_raw), None
+        if lengths is not None:
+            dt = dt * (torch.arange(u.shape[1], device=u.device)[None, :] < lengths[:, None])[..., None]
+            if self.d_conv > 1:  # old conv state + pre-conv inputs, [B, C, K-1+T]
+                hist = torch.cat([state.conv_state.to(xBC.dtype), xBC.transpose(1, 2)], dim=2)
         xbc = ops.conv_prefill(xBC, state.conv_state, self._conv_w, self.conv1d.bias)
+        if hist is not None:  # conv_prefill rolled the conv state to the padded end: take each row's real end
+            idx = lengths[:, None] + torch.arange(self.d_conv - 1, device=u.device)[None, :]
+            state.conv_state.copy_(hist.gather(2, idx[:, None, :].expand(-1, hist.shape[1], -1)))
         x, Bm, Cm = self._split_xbc(xbc)
-        y = ops.ssd_prefill(x, self._dt(dt_raw), self._A(), Bm, Cm, self._D(), state.ssm_state)
+        y = ops.ssd_prefill(x, dt, self._A(), Bm, Cm, self._D(), state.ssm_state)
         return self._finish(y, x, z, z0, x0)
 
     def step(self, u: torch.Tensor, state: MambaLayerState) -> torch.Tensor:

@@ -43,8 +43,8 @@ class ParallelMixer(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return self.mamba(u) + self.attn(u)
 
-    def prefill(self, u, state: ParallelLayerState, seqlen: torch.Tensor) -> torch.Tensor:
-        return self.mamba.prefill(u, state) + self.attn.prefill(u, state, seqlen)
+    def prefill(self, u, state: ParallelLayerState, seqlen: torch.Tensor, lengths: torch.Tensor | None = None):
+        return self.mamba.prefill(u, state, lengths) + self.attn.prefill(u, state, seqlen, lengths)
 
     def step(self, u, state: ParallelLayerState, seqlen: torch.Tensor) -> torch.Tensor:
         return self.mamba.step(u, state) + self.attn.step(u, state, seqlen)

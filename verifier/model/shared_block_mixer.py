@@ -64,9 +64,9 @@ class SharedBlockMixer(nn.Module):
     def forward(self, h: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return self.mamba(self._mamba_in(h, self.attn(self._attn_in(h, emb))))
 
-    def prefill(self, h, emb, state: ParallelLayerState, seqlen: torch.Tensor) -> torch.Tensor:
-        a = self.attn.prefill(self._attn_in(h, emb), state, seqlen)
-        return self.mamba.prefill(self._mamba_in(h, a), state)
+    def prefill(self, h, emb, state: ParallelLayerState, seqlen: torch.Tensor, lengths: torch.Tensor | None = None):
+        a = self.attn.prefill(self._attn_in(h, emb), state, seqlen, lengths)
+        return self.mamba.prefill(self._mamba_in(h, a), state, lengths)
 
     def step(self, h, emb, state: ParallelLayerState, seqlen: torch.Tensor) -> torch.Tensor:
         a = self.attn.step(self._attn_in(h, emb), state, seqlen)
