@@ -52,6 +52,10 @@ class DeviceDrafter(Protocol):
         """Load a joining sequence's context (every token before its root) into ``slot``."""
         ...
 
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        """``prefill_slot`` for many joining sequences at once (token id lists or tensors)."""
+        ...
+
     def park(self, idle: torch.Tensor) -> None:
         """Rewind the slots marked in ``idle`` (``[B]`` bool): they hold no sequence."""
         ...

@@ -107,6 +107,11 @@ class OracleDeviceDrafter:
             self.seq[slot, : len(seq)] = torch.tensor(seq, device=self.device)
         self.pos[slot] = 0
 
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        """``prefill_slot`` for each of ``slots``."""
+        for slot, context in zip(slots, contexts):
+            self.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+
     def park(self, idle: torch.Tensor) -> None:
         self.pos.masked_fill_(idle, 0)
 

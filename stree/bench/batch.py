@@ -48,7 +48,7 @@ def pair_rows(args, device, dtype) -> list[dict]:
     target = load_model(args.target, device=device, dtype=dtype)
     draft = load_model(args.draft, device=device, dtype=dtype)
     tok = load_tokenizer(args.target)
-    texts = load_prompt_set("humaneval", max(args.batch_sizes), None, None)
+    texts = load_prompt_set("humaneval", max(max(args.batch_sizes), args.min_prompts), None, None)
     prompts = [tok.encode(t, add_special_tokens=False).ids[-args.max_prompt_tokens:] or [0] for _, t in texts]
     rows = []
     methods = {"plain": (None, {}), "auto": ("mamba", {"draft_model": draft, "tree": "auto"}),
@@ -58,7 +58,8 @@ def pair_rows(args, device, dtype) -> list[dict]:
             plain = None
             for name, (d, opts) in methods.items():
                 drafter = create_drafter(d, **opts) if d else None
-                res = timed(target, prompts[:b], drafter, b, args.max_new_tokens, temp)
+                # at least --min-prompts prompts, b at a time (later ones join as slots free up)
+                res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp)
                 outs = res.pop("outputs")
                 row = dict(target="demo-pair", method=name, batch=b, temperature=temp, **res)
                 if name == "plain":
@@ -179,6 +180,8 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--min-prompts", type=int, default=8,
+                   help="trained pair: run at least this many prompts per batch size (small batches run several waves)")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--beam-tree", default="beam:5x3")
     p.add_argument("--skip-pair", action="store_true", help="only the oracle rows (with --oracle-shape)")

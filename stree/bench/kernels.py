@@ -575,6 +575,30 @@ def _bench_batched(model, base, prompt, add, vocab: int, batches) -> None:
         torch.cuda.empty_cache()
 
 
+def engine_beam_draft_ms(model, prompt: torch.Tensor, depth: int = 4, beams: int = 3) -> float:
+    """Milliseconds of the engine's device beam draft (``DeviceTreeDrafter``, the path ``--tree beam`` runs):
+    D + 1 draft tree passes over the fixed beam layout, then the draft commit of the root, graphed."""
+    from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+    from stree.protocols.sampling import RowSampling
+    from stree.protocols.tree_shape import TreeShape
+
+    drafter = DeviceTreeDrafter(model)
+    drafter.new_slots(1, prompt.shape[1] + 64)
+    drafter.prefill_slot(0, prompt[0])
+    shape, sampling = TreeShape("beam", depth=depth, beams=beams), RowSampling.greedy(1, model.device)
+    roots = prompt[0, -1:].clone()
+    path, path_len = torch.zeros(1, 1, dtype=torch.long, device=model.device), torch.ones(1, dtype=torch.long,
+                                                                                         device=model.device)
+    seq0 = drafter.state.seqlen.clone()
+
+    def draft():
+        drafter.draft(shape, roots, sampling, False)
+        drafter.commit(path, path_len)
+        drafter.state.seqlen.copy_(seq0)
+
+    return graphed_us([draft], reps=20) / 1000
+
+
 def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256, batches=MODEL_BATCHES) -> None:
     """(b) whole model, graphed: verify step (tree forward + LM head, then commit) per tree size, against the
     weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam."""
@@ -653,6 +677,8 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256,
                 times.append(time.perf_counter() - t0)
             times.sort()
             add("draft_beam_4x3", 12, 1e3 * times[len(times) // 2], note="one CUDA graph, incl. state copy-in")
+            add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt),
+                note="the engine's device draft: 5 tree passes + commit, graphed")
         model = base = state = None  # free this shape's weights before the next
         torch.cuda.empty_cache()
         flush()

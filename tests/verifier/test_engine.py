@@ -183,26 +183,68 @@ def test_plain_steps_leave_a_lazy_drafter_behind_and_it_catches_up_exactly(model
     assert sum(r.num_accepted_draft_tokens for r in reqs) == 3 * spec_steps
 
 
+def test_goodput_defers_the_drafter_until_a_draft_and_refreshes_it_exactly(models):
+    """Under goodput control a lazy drafter is not prefilled at admission, and a plain run longer than the
+    backlog leaves it stale; the first draft after that prefills it from prompt + output. Self-drafting
+    (draft == target) accepts every drafted token only if that refresh is exact."""
+    from stree.verifier.decode import engine as engine_mod
+
+    model = models["hybrid"]
+    drafter = DeviceTreeDrafter(model)
+    engine = Engine(model, drafter, ["none", "chain:3"], max_batch=2, max_seqlen=128, goodput=True)
+    plain, chain = engine.shapes
+    schedule = [plain] * (engine_mod.CATCH_UP + 3) + [chain, plain, chain, chain] + [plain] * 2
+    calls, prefills = [], []
+    engine._choose = lambda: (calls.append(1), schedule[(len(calls) - 1) % len(schedule)])[1]
+    real = drafter.prefill_slots
+    drafter.prefill_slots = lambda slots, ctxs: (prefills.extend([len(calls)] * len(slots)), real(slots, ctxs))[1]
+    prompts = [[5, 9, 13], [2], [40, 41, 42, 43], [7, 7]]
+    reqs = engine.run([Request(p, max_new_tokens=70) for p in prompts])
+    assert [r.output for r in reqs] == [_reference(model, p, 70) for p in prompts]
+    assert prefills and min(prefills) > engine_mod.CATCH_UP  # nothing before the first draft was chosen
+    assert engine.metrics["drafter_refreshes"] == len(prefills)
+    spec_steps = sum(r.num_draft_tokens for r in reqs) // 3
+    assert spec_steps > 0 and sum(r.num_accepted_draft_tokens for r in reqs) == 3 * spec_steps
+
+
+def test_plain_choices_never_run_the_drafter(models):
+    """When goodput control keeps choosing plain steps the drafter costs nothing: no prefill, no backlog."""
+    model, draft = models["mamba2"], models["draft"]
+    drafter = DeviceTreeDrafter(draft)
+    engine = Engine(model, drafter, ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
+    engine._choose = lambda: engine.shapes[0]
+    drafter.prefill_slots = drafter.catch_up = None  # would raise if called
+    prompts = [[5, 9, 13], [2], [4, 4]]
+    reqs = engine.run([Request(p, max_new_tokens=25) for p in prompts])
+    assert [r.output for r in reqs] == [_reference(model, p, 25) for p in prompts]
+    assert int(engine.backlog_len.max()) == 0 and engine.behind == 0
+
+
 def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
     """The first run of a shape on CUDA also captures its graph (seconds, not a step's cost); feeding that
     time to goodput control would make it shun the shape, plain decoding included, for hundreds of steps."""
     model, draft = models["mamba2"], models["draft"]
     engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
-    runs = []
-    run = engine._run
+    run, launch = engine._run, engine._launch
+    launched = []  # (shape, whether its step captured a graph)
 
     def run_and_pretend_to_capture(key):
         run(key)
-        runs.append(key[0])
         # CPU has no graphs: each key's first run stands for the one that captured its graph
         engine.graphs.setdefault(key, None)
 
-    engine._run = run_and_pretend_to_capture
+    def spy(t0, shape):
+        before = len(engine.graphs)
+        out = launch(t0, shape)
+        launched.append((str(shape), len(engine.graphs) > before))
+        return out
+
+    engine._run, engine._launch = run_and_pretend_to_capture, spy
     engine.run([Request([5, 9, 13], max_new_tokens=30), Request([2], max_new_tokens=30)])
     steps = {row["shape"]: row["steps"] for row in engine.goodput.table()}
-    kinds = {"none": "none", "tree": "chain:2"}
-    launched = collections.Counter(kinds[k] for k in runs if k in kinds)
-    assert steps == {s: launched[s] - 1 for s in ("none", "chain:2")}
+    captured = collections.Counter(s for s, c in launched if c)
+    assert captured["none"] >= 1 and captured["chain:2"] >= 1
+    assert steps == {s: sum(1 for t, c in launched if t == s and not c) for s in ("none", "chain:2")}
 
 
 def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
@@ -218,8 +260,9 @@ def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
     run = engine._run
     engine._run = lambda key: (keys.add(key[:1] + tuple(k for k in key[1:] if isinstance(k, bool))), run(key))
     engine.warm_up()
-    assert keys == {("none", False, False), ("none", True, False), ("tree", False, False), ("tree", True, False),
-                    ("catch_up",)}
+    # plain steps with the drafter stale (not fed) and live (fed its backlog), greedy and sampled
+    assert keys == {("none", False, False, False), ("none", False, False, True), ("none", True, False, False),
+                    ("none", True, False, True), ("tree", False, False), ("tree", True, False), ("catch_up",)}
     assert all(row["steps"] == 0 for row in engine.goodput.table()) and not engine.metrics
     assert engine.num_running == 0 and not engine.has_work
     prompts = [[5, 9, 13], [2]]

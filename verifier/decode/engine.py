@@ -30,13 +30,15 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
+from stree.verifier.model.batch_prefill import prefill_contexts
 from stree.verifier.model.lm import StreeLM
 
 log = logging.getLogger(__name__)
 
 PLAIN = TreeShape.parse("none")
 CATCH_UP = 16
-"""Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass."""
+"""Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass; past
+that, the drafter's slots go stale and are prefilled afresh from the sequence before its next draft."""
 
 
 def take_until_stop(tokens: Sequence[int], room: int, stop_token_ids) -> tuple[list[int], bool]:
@@ -164,6 +166,8 @@ class Engine:
         # a drafter that can skip plain steps and catch up on their tokens in one pass before its next draft
         self.lazy = self.drafter is not None and hasattr(self.drafter, "catch_up")
         self.behind = 0  # plain steps since the drafter last caught up (host count; an upper bound per slot)
+        # slots whose (lazy) drafter holds nothing useful: prefilled from prompt + output before the next draft
+        self.stale = [False] * int(max_batch)
         self.budget = budget
         self.shapes = self._shapes(shapes)
         self.max_nodes = max(s.num_nodes for s in self.shapes)
@@ -175,6 +179,8 @@ class Engine:
         self.cuda_graphs = self.cuda if cuda_graphs is None else (bool(cuda_graphs) and self.cuda)
         self.overlap = overlap and self.cuda
         self.goodput = GoodputController(self.shapes) if goodput and len(self.shapes) > 1 else None
+        # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
+        self.defer_drafter = self.lazy and self.goodput is not None
         # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
         self.generator = None if self.cuda else torch.Generator()
         self.reseed(seed)
@@ -186,7 +192,8 @@ class Engine:
         self.graphs_failed = False
         self.metrics = collections.Counter()
         self.step_host_s: list[float] = []
-        self.forced_shape: Optional[TreeShape] = None  # warm_up runs each shape in turn
+        self.forced_shapes: Optional[list] = None  # warm_up cycles through these instead of choosing
+        self._forced_at = 0
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -224,8 +231,15 @@ class Engine:
         self.idle = torch.ones(b, dtype=torch.bool, device=dev)
         self.sampling = RowSampling.greedy(b, dev)
         width = max(self.max_nodes, self.budget.max_depth, *(s.max_depth for s in self.shapes if s.kind != "host"))
-        self.out_tokens = torch.zeros(b, width + 1, dtype=torch.long, device=dev)
-        self.out_counts = torch.zeros(b, dtype=torch.long, device=dev)
+        # a step's whole output, tokens then their count, in one buffer: one device-to-host copy per step
+        self.out = torch.zeros(b, width + 2, dtype=torch.long, device=dev)
+        self.out_tokens, self.out_counts = self.out[:, : width + 1], self.out[:, width + 1]
+        # pinned host copies, reused in turn (at most two steps are ever in flight)
+        self._host_out = [torch.empty(self.out.shape, dtype=torch.long, pin_memory=self.cuda) for _ in range(3)]
+        self._host_turn = 0
+        # per turn: the step's start and end (timed) and its copy's arrival
+        self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                         torch.cuda.Event()) for _ in self._host_out] if self.cuda else []
         # host trees arrive here: tokens, parents, depth, valid as one packed [4, B, N] copy
         self.host_trees = torch.zeros(4, b, self.max_nodes, dtype=torch.long, device=dev)
         # tokens the plain steps fed the target but not the (lazy) drafter, and how many per slot
@@ -271,51 +285,41 @@ class Engine:
         return bool(self.waiting) or self.num_running > 0 or bool(self.pending)
 
     def _admit(self) -> None:
-        """Prefill waiting requests into free slots (eager, between steps)."""
-        changed = False
-        for i in range(self.batch):
-            if not self.waiting:
-                break
-            if self.slots[i] is not None:
-                continue
+        """Prefill waiting requests into free slots, all of them in a few batched passes (between steps)."""
+        free = [i for i, r in enumerate(self.slots) if r is None]
+        joining: list[Request] = []
+        while self.waiting and len(joining) < len(free):
             req = self.waiting.popleft()
-            if req.done:  # cancelled while waiting
-                continue
-            t0 = time.perf_counter()
-            ctx = torch.tensor(req.prompt_ids[:-1], dtype=torch.long, device=self.device)
-            prefilled = self._prefill(req, ctx)
-            if prefilled is None:  # cancelled during its prefill: the slot stays free
-                continue
-            one, hidden = prefilled
-            self.state.assign_row(i, one)
-            if self.drafter is not None:
-                self.drafter.prefill_slot(i, ctx)
-                self.backlog_len[i] = 0
-                if self.observes:
-                    self.drafter.observe_target(hidden, slot=i)
+            if not req.done:  # a request cancelled while waiting never takes a slot
+                joining.append(req)
+        if not joining:
+            return
+        t0 = time.perf_counter()
+        contexts = [r.prompt_ids[:-1] for r in joining]
+        pre = prefill_contexts(self.model, contexts, self.prefill_chunk,
+                               keep_going=lambda: any(not r.done for r in joining))
+        if pre is None:  # every one of them was cancelled during the prefill: the slots stay free
+            return
+        rows = [k for k, j in enumerate(pre.order) if not joining[j].done]  # cancelled mid-prefill: dropped
+        src = pre.state if len(rows) == len(pre.order) else pre.state.select(torch.tensor(rows, device=self.device))
+        slots = [free[pre.order[k]] for k in rows]
+        self.state.assign_rows(slots, src)
+        admitted = [joining[pre.order[k]] for k in rows]
+        if self.drafter is not None and not self.defer_drafter:
+            self.drafter.prefill_slots(slots, [r.prompt_ids[:-1] for r in admitted])
+            self.backlog_len[slots] = 0
+        elapsed = time.perf_counter() - t0
+        for k, i, req in zip(rows, slots, admitted):
+            if self.observes:
+                self.drafter.observe_target(pre.hidden[k], slot=i)
+            self.stale[i] = self.defer_drafter
             self.roots[i] = req.prompt_ids[-1]
             req.root_token = req.prompt_ids[-1]
             self.sampling.set_row(i, req.params)
             self.slots[i] = req
             req.admitted = True
-            req.prefill_s = time.perf_counter() - t0
-            changed = True
-        if changed:
-            self._sync_idle()
-
-    def _prefill(self, req: Request, ctx: torch.Tensor):
-        """``(state, last hidden)`` after the prompt, fed ``prefill_chunk`` tokens at a time; None once cancelled.
-
-        The hidden state (final norm, last context token) is what a TreeFlash-like drafter reads.
-        """
-        one = self.model.new_state(1, len(req.prompt_ids) + 1)
-        hidden = torch.zeros(self.model.config.d_model, device=self.device, dtype=self.model.dtype)
-        for start in range(0, ctx.numel(), self.prefill_chunk):
-            if req.done:
-                return None
-            _, h = self.model.prefill(ctx[start:start + self.prefill_chunk].reshape(1, -1), one, return_hidden=True)
-            hidden = h[0, -1]
-        return None if req.done else (one, hidden)
+            req.prefill_s = elapsed
+        self._sync_idle()
 
     def _release(self, i: int) -> None:
         req = self.slots[i]
@@ -361,9 +365,9 @@ class Engine:
             self.drafter.park(self.idle)
             self.backlog_len.masked_fill_(self.idle, 0)
 
-    def _plain_step(self, any_sampled: bool):
+    def _plain_step(self, any_sampled: bool, feed: bool):
         logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
-        if self.lazy:  # the drafter is fed these tokens later, all at once (catch_up)
+        if self.lazy and feed:  # the drafter is fed these tokens later, all at once (catch_up)
             self.backlog.scatter_(1, self.backlog_len.clamp(max=CATCH_UP - 1)[:, None], self.roots[:, None])
             self.backlog_len += 1
         elif self.drafter is not None:
@@ -421,7 +425,7 @@ class Engine:
         if kind == "catch_up":
             return self._catch_up
         if kind == "none":
-            return lambda: self._plain_step(key[1])
+            return lambda: self._plain_step(key[1], key[3])
         if kind == "host":
             return lambda: self._host_step(key[1], key[2], key[3], key[4])
         return lambda: self._device_step(key[1], key[2])
@@ -437,7 +441,7 @@ class Engine:
         return graph
 
     def _mutable(self) -> list[torch.Tensor]:
-        tensors = [self.roots, self.state.seqlen, self.out_tokens, self.out_counts, self.backlog, self.backlog_len]
+        tensors = [self.roots, self.state.seqlen, self.out, self.backlog, self.backlog_len]
         for layer in self.state.layers:
             tensors += list(vars(layer).values())
         if self.drafter is not None:
@@ -462,12 +466,39 @@ class Engine:
         self._admit()
         emitted: list = []
         if self.num_running:
-            launched = self._launch(t0)
-            self.pending.append(launched)
+            shape = self._choose()
+            if shape.kind not in ("none", "host") and any(self.stale[i] for i in self._running()):
+                emitted += self._drain()
+                self._refresh_drafter()
+            if self.num_running:
+                self.pending.append(self._launch(t0, shape))
         while self.pending and (len(self.pending) > 1 or not self.overlap or not self.num_running
                                 or self.host):
             emitted += self._collect(self.pending.popleft())
         return emitted
+
+    def _running(self) -> list[int]:
+        return [i for i, r in enumerate(self.slots) if r is not None]
+
+    def _drain(self) -> list[tuple[Request, list[int]]]:
+        """Collect every step in flight (a sync): the host then knows each sequence up to its root."""
+        out = []
+        while self.pending:
+            out += self._collect(self.pending.popleft())
+        return out
+
+    def _refresh_drafter(self) -> None:
+        """Prefill the stale drafter slots from their whole sequence before the root (prompt + output).
+
+        Cheaper than keeping a drafter in step through long runs of plain steps that goodput control
+        chose: it is paid only when a draft is chosen again. Needs every step collected (``_drain``).
+        """
+        slots = [i for i in self._running() if self.stale[i]]
+        self.drafter.prefill_slots(slots, [(self.slots[i].prompt_ids + self.slots[i].output)[:-1] for i in slots])
+        for i in slots:
+            self.stale[i] = False
+        self.backlog_len[slots] = 0
+        self.metrics["drafter_refreshes"] += len(slots)
 
     def _drop_cancelled(self) -> None:
         freed = False
@@ -479,50 +510,56 @@ class Engine:
             self._sync_idle()
 
     def _choose(self) -> TreeShape:
-        if self.forced_shape is not None:
-            return self.forced_shape
+        if self.forced_shapes is not None:
+            self._forced_at += 1
+            return self.forced_shapes[(self._forced_at - 1) % len(self.forced_shapes)]
         if self.host:
             return self.shapes[-1]
         if self.goodput is not None:
             return self.goodput.choose()
         return self.shapes[0]
 
-    def _launch(self, t0: float) -> _Launched:
-        shape = self._choose()
+    def _launch(self, t0: float, shape: TreeShape) -> _Launched:
         any_sampled = any(r is not None and not r.params.greedy for r in self.slots)
         # sampled steps warp with or without the top-k/top-p sorts: one graph each (the last key element)
         filtered = any_sampled and self.sampling.filtered
         drafted = 0
+        if shape.kind == "none" and self.lazy and self.behind >= CATCH_UP:
+            # the backlog is full: rather than catch up now (a plain run may go on for long), let the
+            # drafter go stale; it is prefilled afresh if and when a draft is chosen again
+            for i in self._running():
+                self.stale[i] = True
+            self.backlog_len.zero_()
+            self.behind = 0
+        # plain steps feed the backlog while some running slot's drafter is live
+        feed = self.lazy and any(not self.stale[i] for i in self._running())
         if shape.kind == "none":
-            key = ("none", any_sampled, filtered)
+            key = ("none", any_sampled, filtered, feed)
         elif shape.kind == "host":
             shape, mode, with_q, drafted = self._stage_host_trees(any_sampled)
             key = ("host", shape, mode, with_q, any_sampled, filtered)
         else:
             key = ("tree", shape, any_sampled, filtered)
             drafted = shape.num_nodes - 1
-        # a lazy drafter catches up before it drafts, or before its backlog would overflow
-        catch_up = self.lazy and self.behind > 0 and (shape.kind != "none" or self.behind >= CATCH_UP)
+        # a lazy drafter catches up on its backlog before it drafts
+        catch_up = self.lazy and self.behind > 0 and shape.kind != "none"
         graphs_before = len(self.graphs)
+        turn = self._host_turn
+        self._host_turn = (turn + 1) % len(self._host_out)
         if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
+            start, end, event = self._events[turn]
             start.record()
             self._run_step(key, catch_up)
-            end = torch.cuda.Event(enable_timing=True)
             end.record()
             timer = (start, end)
+            host = self._host_out[turn]
+            host.copy_(self.out, non_blocking=True)
+            tokens, counts = host[:, :-1], host[:, -1]
+            event.record()
         else:
             t1 = time.perf_counter()
             self._run_step(key, catch_up)
             timer = (time.perf_counter() - t1,)
-        if self.cuda:
-            tokens = torch.empty(self.out_tokens.shape, dtype=torch.long, pin_memory=True)
-            counts = torch.empty(self.out_counts.shape, dtype=torch.long, pin_memory=True)
-            tokens.copy_(self.out_tokens, non_blocking=True)
-            counts.copy_(self.out_counts, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
             tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
         return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer,
                          measured=len(self.graphs) == graphs_before)  # no graph was captured in it
@@ -532,7 +569,7 @@ class Engine:
             self._run(("catch_up",))
             self.behind = 0
         self._run(key)
-        if key[0] == "none" and self.lazy:
+        if key[0] == "none" and key[3]:
             self.behind += 1
 
     def _collect(self, step: _Launched) -> list[tuple[Request, list[int]]]:
@@ -657,22 +694,26 @@ class Engine:
 
     # ----- whole runs ---------------------------------------------------------------------------------
     def warm_up(self) -> int:
-        """Capture every step graph now (greedy and sampled, each shape, and the drafter's catch-up) with
-        short throw-away generations, so that no request waits on a capture; returns the graphs held.
+        """Capture every step graph now (greedy and sampled, each shape, the drafter's catch-up, plain steps
+        with and without a live drafter to feed) with short throw-away generations, so that no request
+        waits on a capture; returns the graphs held.
 
         Does nothing without CUDA graphs, or for host drafters (their trees come with each request).
         Goodput statistics and step metrics start afresh afterwards.
         """
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
-        prompt = [0, 0]
+        trees = [s for s in self.shapes if s.kind != "none"]
+        # per tree shape: plain (drafter stale or deferred), draft, plain feeding the drafter, catch-up + draft
+        patterns = [[PLAIN, s, PLAIN, s] for s in trees] if trees else [[PLAIN]]
         try:
             for params in (SamplingParams(), SamplingParams(temperature=1.0)):
-                for shape in self.shapes:  # plain first, so a lazy drafter's catch-up runs too
-                    self.forced_shape = shape
-                    self.run([Request(list(prompt), max_new_tokens=2 * (self.max_nodes + 1), params=params)])
+                for pattern in patterns:
+                    self.forced_shapes, self._forced_at = pattern, 0
+                    steps = len(pattern) * (max(s.max_depth for s in pattern) + 1)
+                    self.run([Request([0, 0], max_new_tokens=steps, params=params)])
         finally:
-            self.forced_shape = None
+            self.forced_shapes = None
         if self.goodput is not None:
             self.goodput = GoodputController(self.shapes)
         self.metrics.clear()

@@ -3,8 +3,9 @@
 For every candidate shape (plain decoding included) the controller keeps a running mean of the
 tokens a step emits per sequence (tau, the bonus counted) and of what a step costs. It picks
 ``argmax tau / cost``; a shape not tried for a while is retried, so a change in acceptance (a new
-prompt, a new domain) is noticed. Costs are measured, not modelled: CUDA-event time per graph
-replay on the GPU, wall time on the CPU.
+prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
+``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Costs are
+measured, not modelled: CUDA-event time per graph replay on the GPU, wall time on the CPU.
 """
 
 from __future__ import annotations
@@ -20,45 +21,59 @@ class _Running:
     cost: float
     seen: int = 0
     last_step: int = -1
+    retry_every: int = 256
+    retrying: bool = False
 
 
 class GoodputController:
     """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample."""
 
-    def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256):
+    def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256,
+                 max_retry_every: int = 4096):
         if not shapes:
             raise ValueError("the goodput controller needs at least one shape")
         self.shapes = list(shapes)
         self.alpha = alpha
         self.retry_every = retry_every
+        self.max_retry_every = max(retry_every, max_retry_every)
         # optimistic start: a tree of depth D may emit up to D + 1 tokens; every shape is tried early
-        self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0) for s in self.shapes}
+        self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every) for s in self.shapes}
         self.step = 0
+
+    def best(self) -> TreeShape:
+        return max(self.shapes, key=lambda s: self.stats[s].tau / self.stats[s].cost)
 
     def choose(self) -> TreeShape:
         self.step += 1
         for s in self.shapes:  # measure every shape before trusting the numbers (the first replay is warm)
             if self.stats[s].seen < 1:
                 return s
-        stale = [s for s in self.shapes if self.step - self.stats[s].last_step > self.retry_every]
+        stale = [s for s in self.shapes if self.step - self.stats[s].last_step > self.stats[s].retry_every]
         if stale:
-            return min(stale, key=lambda s: self.stats[s].last_step)
-        return max(self.shapes, key=lambda s: self.stats[s].tau / self.stats[s].cost)
+            shape = min(stale, key=lambda s: self.stats[s].last_step)
+            self.stats[shape].retrying = True
+            return shape
+        return self.best()
 
     def observe(self, shape: TreeShape, tau: float, seconds: float) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``."""
         r = self.stats[shape]
         if r.seen == 0:
             r.tau, r.cost = tau, seconds
-        else:
-            a = self.alpha if r.seen >= 4 else 0.5
+        else:  # a retry's sample weighs more: what the running mean holds is old
+            a = self.alpha if r.seen >= 4 and not r.retrying else 0.5
             r.tau += a * (tau - r.tau)
             r.cost += a * (seconds - r.cost)
         r.seen += 1
         r.last_step = self.step
+        if r.retrying:
+            r.retrying = False
+            r.retry_every = self.retry_every if self.best() == shape else min(2 * r.retry_every,
+                                                                              self.max_retry_every)
 
     def table(self) -> list[dict]:
         """What the controller believes now, shape by shape."""
         return [{"shape": str(s), "tau": r.tau, "cost_ms": 1e3 * r.cost,
-                 "tokens_per_s": r.tau / r.cost if r.cost > 0 else 0.0, "steps": r.seen}
+                 "tokens_per_s": r.tau / r.cost if r.cost > 0 else 0.0, "steps": r.seen,
+                 "retry_every": r.retry_every}
                 for s, r in self.stats.items()]

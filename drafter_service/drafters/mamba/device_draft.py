@@ -19,6 +19,7 @@ from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode, TreeBatch
 from stree.protocols.tree_shape import TreeShape
+from stree.verifier.model.batch_prefill import prefill_contexts
 
 
 class DeviceTreeDrafter:
@@ -64,10 +65,13 @@ class DeviceTreeDrafter:
 
     def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
         """Make slot ``slot`` hold the draft state after ``context`` (all tokens before the root)."""
-        one = self.model.new_state(1, context.numel() + 1)
-        if context.numel():
-            self.model.prefill(context.reshape(1, -1).to(self.model.device), one)
-        self.state.assign_row(slot, one)
+        self.prefill_slots([slot], [context])
+
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        """``prefill_slot`` for many slots at once, in a few batched passes of the draft model."""
+        if slots:
+            pre = prefill_contexts(self.model, contexts)
+            self.state.assign_rows([slots[j] for j in pre.order], pre.state)
 
     # ----- one draft ----------------------------------------------------------------------------
     def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):

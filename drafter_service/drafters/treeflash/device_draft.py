@@ -50,6 +50,11 @@ class TreeFlashDeviceDrafter:
         """Nothing to run: the engine hands the target's hidden state after ``context`` to ``observe_target``."""
         self.hidden[slot].zero_()
 
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        """``prefill_slot`` for each of ``slots``."""
+        for slot, context in zip(slots, contexts):
+            self.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+
     def observe_target(self, hidden: torch.Tensor, slot: Optional[int] = None) -> None:
         """The target's final-norm hidden state at the last accepted node: ``[B, d]``, or ``[d]`` for one ``slot``."""
         if slot is None:

@@ -1,0 +1,40 @@
+"""Goodput control: the best measured shape wins; losing retries back off, winning ones reset."""
+
+from __future__ import annotations
+
+from stree.protocols.tree_shape import TreeShape
+from stree.verifier.decode.goodput import GoodputController
+
+
+def _run(ctl: GoodputController, steps: int, cost: dict, tau: dict) -> list[str]:
+    chosen = []
+    for _ in range(steps):
+        s = ctl.choose()
+        chosen.append(str(s))
+        ctl.observe(s, tau[str(s)], cost[str(s)])
+    return chosen
+
+
+def test_losing_retries_back_off_and_a_winning_one_resets():
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=8, max_retry_every=32)
+    cost, tau = {"none": 1.0, "chain:3": 4.0}, {"none": 1.0, "chain:3": 2.0}  # chain: 0.5 tok/s vs 1
+    chosen = _run(ctl, 200, cost, tau)
+    retries = [i for i, s in enumerate(chosen) if s == "chain:3"]
+    gaps = [b - a for a, b in zip(retries, retries[1:])]
+    assert gaps[:3] == [9, 17, 33] and set(gaps[3:]) == {33}  # 8 -> 16 -> 32, capped at 32
+    assert ctl.stats[chain].retry_every == 32
+    cost["chain:3"] = 1.0  # the drafter got cheap: its next retry wins and resets the interval
+    chosen = _run(ctl, 120, cost, tau)
+    assert ctl.stats[chain].retry_every == 8 and chosen[-30:].count("chain:3") >= 27
+    assert ctl.stats[plain].retry_every > 8  # now plain decoding is the one that keeps losing its retries
+
+
+def test_every_shape_is_measured_before_the_numbers_are_trusted():
+    shapes = [TreeShape.parse(s) for s in ("none", "chain:1", "static:2,1")]
+    ctl = GoodputController(shapes)
+    first = [str(ctl.choose()) for _ in range(3)]
+    assert first == ["none", "none", "none"]  # nothing observed yet: the first unmeasured shape again
+    for s in shapes:
+        ctl.observe(s, 1.0 + s.max_depth, 1.0)
+    assert str(ctl.choose()) == "static:2,1"  # 3 tokens per second against 2 and 1

@@ -1,0 +1,58 @@
+"""Prefill many contexts of different lengths together: a few right-padded passes, not one pass each.
+
+Contexts are sorted longest first, so the rows still going at any chunk are a prefix of the batch and
+every one of them has consumed exactly the chunk start: each chunk is one ``prefill_padded`` on a view
+of those rows, padded only up to the longest of them. This is how the engine admits joining requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from stree.verifier.model.lm import LMState
+
+
+@dataclass
+class Prefilled:
+    """Row ``k`` of ``state`` (and of ``hidden``) holds ``contexts[order[k]]``."""
+
+    state: LMState
+    hidden: torch.Tensor  # [n, d] final-norm hidden state at each context's last token (zeros when empty)
+    order: list[int]  # longest context first
+
+
+def prefill_contexts(model, contexts: Sequence[Sequence[int]], chunk: int = 512, room: int = 1,
+                     keep_going: Optional[Callable[[], bool]] = None) -> Optional[Prefilled]:
+    """States after each of ``contexts`` (token id lists, empty allowed), ``chunk`` positions per pass.
+
+    ``room``: slots a state keeps past its context; ``keep_going`` is asked before every pass and
+    ``None`` is returned once it says no (every requester went away).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    n = len(contexts)
+    order = sorted(range(n), key=lambda j: -len(contexts[j]))
+    lengths = [len(contexts[j]) for j in order]
+    longest = lengths[0] if n else 0
+    state = model.new_state(n, longest + room)
+    hidden = torch.zeros(n, model.config.d_model, device=model.device, dtype=model.dtype)
+    if longest == 0:
+        return Prefilled(state, hidden, order)
+    ids = torch.zeros(n, longest, dtype=torch.long)
+    for k, j in enumerate(order):
+        ids[k, : lengths[k]] = torch.as_tensor(contexts[j], dtype=torch.long)
+    ids = ids.to(model.device)
+    lens = torch.tensor(lengths, dtype=torch.long, device=model.device)
+    for start in range(0, longest, chunk):
+        if keep_going is not None and not keep_going():
+            return None
+        active = sum(1 for m in lengths if m > start)
+        width = min(chunk, lengths[0] - start)
+        seg = (lens[:active] - start).clamp(max=width)
+        _, h = model.prefill_padded(ids[:active, start: start + width], seg, state.rows(active), return_hidden=True)
+        ends_here = (lens[:active] <= start + width)[:, None]
+        hidden[:active] = torch.where(ends_here, h.to(hidden.dtype), hidden[:active])
+    return Prefilled(state, hidden, order)
