@@ -38,3 +38,15 @@ def test_every_shape_is_measured_before_the_numbers_are_trusted():
     for s in shapes:
         ctl.observe(s, 1.0 + s.max_depth, 1.0)
     assert str(ctl.choose()) == "static:2,1"  # 3 tokens per second against 2 and 1
+
+
+def test_a_shape_within_the_hysteresis_does_not_take_over():
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=10_000, hysteresis=0.05)
+    ctl.observe(plain, 1.0, 1.0)
+    ctl.observe(chain, 1.03, 1.0)
+    assert ctl.choose() == chain  # nothing current yet: the best
+    ctl.stats[plain].tau = 1.07  # plain now 4 % faster: within the hysteresis, chain stays
+    assert [ctl.choose() for _ in range(5)] == [chain] * 5
+    ctl.stats[plain].tau = 1.09  # 6 % faster: plain takes over
+    assert ctl.choose() == plain and ctl.current == plain

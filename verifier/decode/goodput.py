@@ -4,7 +4,10 @@ For every candidate shape (plain decoding included) the controller keeps a runni
 tokens a step emits per sequence (tau, the bonus counted) and of what a step costs. It picks
 ``argmax tau / cost``; a shape not tried for a while is retried, so a change in acceptance (a new
 prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
-``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Costs are
+``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. The
+controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
+noise of each other would otherwise alternate, and leaving plain decoding for a draft can cost a
+drafter refresh (the engine's stale drafter slots). Costs are
 measured, not modelled: CUDA-event time per graph replay on the GPU, wall time on the CPU.
 """
 
@@ -29,7 +32,7 @@ class GoodputController:
     """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample."""
 
     def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256,
-                 max_retry_every: int = 4096):
+                 max_retry_every: int = 4096, hysteresis: float = 0.05):
         if not shapes:
             raise ValueError("the goodput controller needs at least one shape")
         self.shapes = list(shapes)
@@ -38,10 +41,17 @@ class GoodputController:
         self.max_retry_every = max(retry_every, max_retry_every)
         # optimistic start: a tree of depth D may emit up to D + 1 tokens; every shape is tried early
         self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every) for s in self.shapes}
+        self.hysteresis = hysteresis
+        self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
         self.step = 0
 
+    def rate(self, shape: TreeShape) -> float:
+        """Expected tokens per second per sequence of ``shape``, as measured so far."""
+        r = self.stats[shape]
+        return r.tau / r.cost if r.cost > 0 else 0.0
+
     def best(self) -> TreeShape:
-        return max(self.shapes, key=lambda s: self.stats[s].tau / self.stats[s].cost)
+        return max(self.shapes, key=self.rate)
 
     def choose(self) -> TreeShape:
         self.step += 1
@@ -53,7 +63,11 @@ class GoodputController:
             shape = min(stale, key=lambda s: self.stats[s].last_step)
             self.stats[shape].retrying = True
             return shape
-        return self.best()
+        best = self.best()
+        if self.current is not None and self.rate(best) < (1 + self.hysteresis) * self.rate(self.current):
+            return self.current
+        self.current = best
+        return best
 
     def observe(self, shape: TreeShape, tau: float, seconds: float) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``."""
@@ -73,7 +87,6 @@ class GoodputController:
 
     def table(self) -> list[dict]:
         """What the controller believes now, shape by shape."""
-        return [{"shape": str(s), "tau": r.tau, "cost_ms": 1e3 * r.cost,
-                 "tokens_per_s": r.tau / r.cost if r.cost > 0 else 0.0, "steps": r.seen,
+        return [{"shape": str(s), "tau": r.tau, "cost_ms": 1e3 * r.cost, "tokens_per_s": self.rate(s), "steps": r.seen,
                  "retry_every": r.retry_every}
                 for s, r in self.stats.items()]
