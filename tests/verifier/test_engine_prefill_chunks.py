@@ -88,3 +88,19 @@ def test_one_request_cancelled_mid_prefill_leaves_the_others_admitted(tmp_path):
     plain = Engine(model, None, ["none"], max_batch=1, max_seqlen=256)
     for r in (reqs[0], reqs[2]):
         assert r.output == plain.run([Request(r.prompt_ids, 5)])[0].output
+
+
+def test_prefill_warm_up_changes_no_output(tmp_path):
+    """warm_up_prefill runs every width bucket through the target and the drafter's scratch slots."""
+    from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+
+    model = load_model(init_model(tmp_path / "m", d_model=32, n_layer=2, vocab_size=64, seed=4))
+    draft = load_model(init_model(tmp_path / "d", d_model=16, n_layer=1, vocab_size=64, seed=5))
+    prompts = [list(range(1, 30)), [3, 4]]
+    outs = []
+    for warm in (False, True):
+        engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=2, max_seqlen=128, prefill_chunk=32)
+        if warm:
+            engine.warm_up_prefill()
+        outs.append([r.output for r in engine.run([Request(p, 12) for p in prompts])])
+    assert outs[0] == outs[1]

@@ -30,7 +30,7 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
-from stree.verifier.model.batch_prefill import prefill_contexts
+from stree.verifier.model.batch_prefill import prefill_buckets, prefill_contexts
 from stree.verifier.model.lm import StreeLM
 
 log = logging.getLogger(__name__)
@@ -693,6 +693,18 @@ class Engine:
             req.drafter_session = DeadSession()
 
     # ----- whole runs ---------------------------------------------------------------------------------
+    def warm_up_prefill(self) -> None:
+        """Prefill once at every width bucket with 1, 2 and 16 rows (target and draft model), so that no
+        request waits on a kernel compile for its prompt length. Only while the engine holds no sequence:
+        the drafter's slots are used as scratch."""
+        if self.has_work:
+            return
+        for width in prefill_buckets(self.prefill_chunk):
+            for n in [n for n in (1, 2, 16) if n <= self.batch]:
+                prefill_contexts(self.model, [[0] * width] * n, self.prefill_chunk)
+                if self.drafter is not None:
+                    self.drafter.prefill_slots(list(range(n)), [[0] * width] * n)
+
     def warm_up(self) -> int:
         """Capture every step graph now (greedy and sampled, each shape, the drafter's catch-up, plain steps
         with and without a live drafter to feed) with short throw-away generations, so that no request
@@ -701,6 +713,8 @@ class Engine:
         Does nothing without CUDA graphs, or for host drafters (their trees come with each request).
         Goodput statistics and step metrics start afresh afterwards.
         """
+        if self.cuda and not self.has_work:
+            self.warm_up_prefill()
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
         trees = [s for s in self.shapes if s.kind != "none"]

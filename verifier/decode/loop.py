@@ -324,6 +324,8 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
         cache.pop(next(iter(cache)))
     engine = Engine(model, drafter, shapes, max_batch=max_batch, max_seqlen=room, cuda_graphs=cuda_graphs,
                     goodput=len(shapes) > 1, budget=budget)
+    if engine.cuda:  # compile the prefill kernels for every width bucket now, not during some request
+        engine.warm_up_prefill()
     cache[owner] = (config, engine, room)
     return engine
 

@@ -2,17 +2,34 @@
 
 Contexts are sorted longest first, so the rows still going at any chunk are a prefix of the batch and
 every one of them has consumed exactly the chunk start: each chunk is one ``prefill_padded`` on a view
-of those rows, padded only up to the longest of them. This is how the engine admits joining requests.
+of those rows, padded up to a width bucket (a power of two from 16, or the chunk) over the longest of
+them, so kernels meet a handful of shapes, each compiled once (``prefill_buckets``), not one per
+prompt length. This is how the engine admits joining requests.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from stree.verifier.model.lm import LMState
+
+
+MIN_BUCKET = 16
+
+
+def bucket_width(width: int, chunk: int) -> int:
+    """The padded width a pass of ``width`` positions runs at: the next power of two (at least 16), at most ``chunk``."""
+    return min(chunk, max(MIN_BUCKET, 1 << max(0, math.ceil(math.log2(max(1, width))))))
+
+
+def prefill_buckets(chunk: int) -> list[int]:
+    """Every width ``bucket_width`` can return for this chunk size (what a warm-up runs once)."""
+    return sorted({bucket_width(w, chunk) for w in [1 << k for k in range(chunk.bit_length() + 1)] + [chunk]
+                   if w <= chunk})
 
 
 @dataclass
@@ -41,7 +58,7 @@ def prefill_contexts(model, contexts: Sequence[Sequence[int]], chunk: int = 512,
     hidden = torch.zeros(n, model.config.d_model, device=model.device, dtype=model.dtype)
     if longest == 0:
         return Prefilled(state, hidden, order)
-    ids = torch.zeros(n, longest, dtype=torch.long)
+    ids = torch.zeros(n, longest + chunk, dtype=torch.long)  # room for the last pass's bucket padding
     for k, j in enumerate(order):
         ids[k, : lengths[k]] = torch.as_tensor(contexts[j], dtype=torch.long)
     ids = ids.to(model.device)
@@ -52,7 +69,8 @@ def prefill_contexts(model, contexts: Sequence[Sequence[int]], chunk: int = 512,
         active = sum(1 for m in lengths if m > start)
         width = min(chunk, lengths[0] - start)
         seg = (lens[:active] - start).clamp(max=width)
-        _, h = model.prefill_padded(ids[:active, start: start + width], seg, state.rows(active), return_hidden=True)
+        padded = ids[:active, start: start + bucket_width(width, chunk)]
+        _, h = model.prefill_padded(padded, seg, state.rows(active), return_hidden=True)
         ends_here = (lens[:active] <= start + width)[:, None]
         hidden[:active] = torch.where(ends_here, h.to(hidden.dtype), hidden[:active])
     return Prefilled(state, hidden, order)
