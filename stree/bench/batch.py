@@ -28,10 +28,10 @@ from stree.verifier.model.tokenizer import load_tokenizer
 
 
 def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, **opts) -> dict:
-    """Tokens/s of ``prompts`` run ``batch`` at a time, after a warm-up run on the longest of them (so the
-    measured run neither resizes the cached engine nor captures a graph)."""
+    """Tokens/s of ``prompts`` run ``batch`` at a time, after one warm-up run of the same call (so the measured
+    run neither resizes the cached engine, captures a graph nor compiles a kernel: steady state)."""
     kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch, **opts)
-    generate(model, sorted(prompts, key=len)[-batch:], **kw)
+    generate(model, prompts, **kw)
     cuda_sync()
     t0 = time.perf_counter()
     outs = generate(model, prompts, **kw)

@@ -220,6 +220,24 @@ def test_plain_choices_never_run_the_drafter(models):
     assert int(engine.backlog_len.max()) == 0 and engine.behind == 0
 
 
+def test_a_draft_that_needed_a_drafter_refresh_is_charged_for_it(models):
+    """Leaving plain steps for a draft refreshes the stale drafter first; goodput control must see that
+    cost in the draft's sample, or it keeps switching at a loss (measured on the GPU at batch 16)."""
+    import time as _time
+
+    model, draft = models["mamba2"], models["draft"]
+    engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
+    refresh = engine._refresh_drafter
+    engine._refresh_drafter = lambda: (_time.sleep(0.2), refresh())
+    seen = []
+    observe = engine.goodput.observe
+    engine.goodput.observe = lambda shape, tau, seconds: (seen.append((str(shape), seconds)), observe(shape, tau, seconds))
+    engine.run([Request([5, 9, 13], max_new_tokens=12), Request([2], max_new_tokens=12)])
+    assert engine.metrics["drafter_refreshes"] == 2
+    chain = [sec for shape, sec in seen if shape == "chain:2"]
+    assert chain and chain[0] >= 0.2 and all(sec < 0.2 for sec in chain[1:])
+
+
 def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
     """The first run of a shape on CUDA also captures its graph (seconds, not a step's cost); feeding that
     time to goodput control would make it shun the shape, plain decoding included, for hundreds of steps."""

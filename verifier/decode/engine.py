@@ -136,6 +136,7 @@ class _Launched:
     drafted: int
     timer: tuple  # (start, end) CUDA events, or the step's wall seconds on the CPU
     measured: bool = True  # False when the step also captured a graph: its time is no cost sample
+    refresh_s: float = 0.0  # the drafter refresh this step needed first (wall seconds): part of its cost
 
 
 class Engine:
@@ -467,11 +468,16 @@ class Engine:
         emitted: list = []
         if self.num_running:
             shape = self._choose()
+            refresh_s = 0.0
             if shape.kind not in ("none", "host") and any(self.stale[i] for i in self._running()):
                 emitted += self._drain()
+                t1 = time.perf_counter()
                 self._refresh_drafter()
+                refresh_s = time.perf_counter() - t1
             if self.num_running:
-                self.pending.append(self._launch(t0, shape))
+                launched = self._launch(t0, shape)
+                launched.refresh_s = refresh_s
+                self.pending.append(launched)
         while self.pending and (len(self.pending) > 1 or not self.overlap or not self.num_running
                                 or self.host):
             emitted += self._collect(self.pending.popleft())
@@ -613,8 +619,10 @@ class Engine:
         self.metrics["gpu_s"] += seconds
         # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
+        # a step that first refreshed a stale drafter is charged for it: leaving plain decoding for a
+        # draft costs that much more, so goodput control switches only where the draft earns it back
         if self.goodput is not None and accepted and step.measured:
-            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds)
+            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds + step.refresh_s)
         return out
 
     # ----- host drafters ----------------------------------------------------------------------------
