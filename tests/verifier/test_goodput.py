@@ -50,3 +50,14 @@ def test_a_shape_within_the_hysteresis_does_not_take_over():
     assert [ctl.choose() for _ in range(5)] == [chain] * 5
     ctl.stats[plain].tau = 1.09  # 6 % faster: plain takes over
     assert ctl.choose() == plain and ctl.current == plain
+
+
+def test_retries_due_about_together_run_in_one_burst():
+    """Shapes half-way to their retry are retried right after the one that is due: one drafter refresh."""
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
+    ctl = GoodputController(shapes, retry_every=20)
+    cost, tau = {"none": 1.0, "chain:2": 4.0, "chain:4": 4.0}, {"none": 1.0, "chain:2": 2.0, "chain:4": 2.0}
+    chosen = _run(ctl, 80, cost, tau)
+    retried = [i for i, x in enumerate(chosen) if x != "none"]
+    runs = [b - a for a, b in zip(retried, retried[1:])]
+    assert retried[:2] == [1, 2] and runs.count(1) == len(retried) // 2  # chain:2 then chain:4, every time

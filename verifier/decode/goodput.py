@@ -4,7 +4,9 @@ For every candidate shape (plain decoding included) the controller keeps a runni
 tokens a step emits per sequence (tau, the bonus counted) and of what a step costs. It picks
 ``argmax tau / cost``; a shape not tried for a while is retried, so a change in acceptance (a new
 prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
-``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. The
+``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Retries
+come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
+the steps right after it, since they share one drafter refresh (the engine's stale drafter slots). The
 controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
 noise of each other would otherwise alternate, and leaving plain decoding for a draft can cost a
 drafter refresh (the engine's stale drafter slots). Costs are
@@ -43,6 +45,7 @@ class GoodputController:
         self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every) for s in self.shapes}
         self.hysteresis = hysteresis
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
+        self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
 
     def rate(self, shape: TreeShape) -> float:
@@ -58,9 +61,12 @@ class GoodputController:
         for s in self.shapes:  # measure every shape before trusting the numbers (the first replay is warm)
             if self.stats[s].seen < 1:
                 return s
-        stale = [s for s in self.shapes if self.step - self.stats[s].last_step > self.stats[s].retry_every]
-        if stale:
-            shape = min(stale, key=lambda s: self.stats[s].last_step)
+        if not self.burst and any(self.step - r.last_step > r.retry_every for r in self.stats.values()):
+            half = [s for s in self.shapes if s != self.current
+                    and self.step - self.stats[s].last_step > self.stats[s].retry_every // 2]
+            self.burst = sorted(half, key=lambda s: self.stats[s].last_step)
+        if self.burst:
+            shape = self.burst.pop(0)
             self.stats[shape].retrying = True
             return shape
         best = self.best()
