@@ -71,3 +71,9 @@ class DeviceDrafter(Protocol):
     def step_roots(self, roots: torch.Tensor) -> None:
         """Advance every slot by its root alone (a plain decoding step)."""
         ...
+
+
+def prefill_each(drafter, slots: list[int], contexts: list) -> None:
+    """``prefill_slots`` one slot at a time, for drafters whose per-slot prefill is cheap host work."""
+    for slot, context in zip(slots, contexts):
+        drafter.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))

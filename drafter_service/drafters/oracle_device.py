@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from stree.drafter_service.drafters.oracle import OracleDrafter
-from stree.protocols.device_drafter import DeviceDraft
+from stree.protocols.device_drafter import DeviceDraft, prefill_each
 from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode
 from stree.protocols.tree_shape import TreeShape
@@ -107,10 +107,7 @@ class OracleDeviceDrafter:
             self.seq[slot, : len(seq)] = torch.tensor(seq, device=self.device)
         self.pos[slot] = 0
 
-    def prefill_slots(self, slots: list[int], contexts: list) -> None:
-        """``prefill_slot`` for each of ``slots``."""
-        for slot, context in zip(slots, contexts):
-            self.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+    prefill_slots = prefill_each
 
     def park(self, idle: torch.Tensor) -> None:
         self.pos.masked_fill_(idle, 0)

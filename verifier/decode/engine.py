@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -30,7 +29,7 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
-from stree.verifier.model.batch_prefill import prefill_buckets, prefill_contexts
+from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets, prefill_contexts
 from stree.verifier.model.lm import StreeLM
 
 log = logging.getLogger(__name__)
@@ -721,7 +720,7 @@ class Engine:
         Does nothing without CUDA graphs, or for host drafters (their trees come with each request).
         Goodput statistics and step metrics start afresh afterwards.
         """
-        if self.cuda and not self.has_work:
+        if self.cuda:
             self.warm_up_prefill()
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
@@ -775,4 +774,4 @@ class DeadSession:
 
 def _bucket(n: int) -> int:
     """Host trees are padded to a power of two nodes (few graphs, little padding)."""
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+    return next_power_of_two(n)

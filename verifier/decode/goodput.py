@@ -6,11 +6,11 @@ tokens a step emits per sequence (tau, the bonus counted) and of what a step cos
 prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
 ``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Retries
 come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
-the steps right after it, since they share one drafter refresh (the engine's stale drafter slots). The
+the steps right after it, since they share one refresh of the engine's stale drafter slots. The
 controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
-noise of each other would otherwise alternate, and leaving plain decoding for a draft can cost a
-drafter refresh (the engine's stale drafter slots). Costs are
-measured, not modelled: CUDA-event time per graph replay on the GPU, wall time on the CPU.
+noise of each other would otherwise alternate, and leaving plain decoding for a draft can cost such
+a refresh. Costs are measured, not modelled: CUDA-event time per graph replay on the GPU, wall time
+on the CPU.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ prompt length. This is how the engine admits joining requests.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -21,15 +20,19 @@ from stree.verifier.model.lm import LMState
 MIN_BUCKET = 16
 
 
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1): how variable sizes are bucketed into few shapes."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def bucket_width(width: int, chunk: int) -> int:
     """The padded width a pass of ``width`` positions runs at: the next power of two (at least 16), at most ``chunk``."""
-    return min(chunk, max(MIN_BUCKET, 1 << max(0, math.ceil(math.log2(max(1, width))))))
+    return min(chunk, max(MIN_BUCKET, next_power_of_two(width)))
 
 
 def prefill_buckets(chunk: int) -> list[int]:
     """Every width ``bucket_width`` can return for this chunk size (what a warm-up runs once)."""
-    return sorted({bucket_width(w, chunk) for w in [1 << k for k in range(chunk.bit_length() + 1)] + [chunk]
-                   if w <= chunk})
+    return sorted({bucket_width(1 << k, chunk) for k in range(chunk.bit_length() + 1)})
 
 
 @dataclass

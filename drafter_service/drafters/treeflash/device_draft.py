@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from stree.drafter_service.drafters.gumbel import pick_children
-from stree.protocols.device_drafter import DeviceDraft
+from stree.protocols.device_drafter import DeviceDraft, prefill_each
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode
 from stree.protocols.tree_shape import TreeShape
@@ -50,10 +50,7 @@ class TreeFlashDeviceDrafter:
         """Nothing to run: the engine hands the target's hidden state after ``context`` to ``observe_target``."""
         self.hidden[slot].zero_()
 
-    def prefill_slots(self, slots: list[int], contexts: list) -> None:
-        """``prefill_slot`` for each of ``slots``."""
-        for slot, context in zip(slots, contexts):
-            self.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+    prefill_slots = prefill_each
 
     def observe_target(self, hidden: torch.Tensor, slot: Optional[int] = None) -> None:
         """The target's final-norm hidden state at the last accepted node: ``[B, d]``, or ``[d]`` for one ``slot``."""
