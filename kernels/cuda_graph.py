@@ -12,8 +12,10 @@ from typing import Callable
 import torch
 
 
-def capture_graph(fn: Callable, warmup: int = 1):
-    """``(graph, outputs)``: ``fn`` run ``warmup`` times on a side stream (real runs), then captured once."""
+def capture_graph(fn: Callable, warmup: int = 1, pool=None):
+    """``(graph, outputs)``: ``fn`` run ``warmup`` times on a side stream (real runs), then captured once.
+
+    ``pool`` (``torch.cuda.graph_pool_handle()``) lets graphs that never run at once share their memory."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -21,7 +23,7 @@ def capture_graph(fn: Callable, warmup: int = 1):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
 

@@ -27,19 +27,25 @@ from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
-def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, **opts) -> dict:
+def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, repeats: int = 1,
+          **opts) -> dict:
     """Tokens/s of ``prompts`` run ``batch`` at a time, after one warm-up run of the same call (so the measured
-    run neither resizes the cached engine, captures a graph nor compiles a kernel: steady state)."""
+    runs neither resize the cached engine, capture a graph nor compile a kernel: steady state); with
+    ``repeats`` > 1 the median run is reported, and every run's tokens/s beside it."""
     kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch, **opts)
     generate(model, prompts, **kw)
-    cuda_sync()
-    t0 = time.perf_counter()
-    outs = generate(model, prompts, **kw)
-    cuda_sync()
-    elapsed = time.perf_counter() - t0
+    runs = []
+    for _ in range(max(1, repeats)):
+        cuda_sync()
+        t0 = time.perf_counter()
+        outs = generate(model, prompts, **kw)
+        cuda_sync()
+        runs.append((time.perf_counter() - t0, outs))
+    elapsed, outs = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     tokens = sum(len(o.token_ids) for o in outs)
     steps = sum(o.stats["steps"] for o in outs)
     return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
+            "tokens_per_s_runs": [tokens / e for e, _ in runs],
             "tau": tokens / steps if steps else None, "host_us_p50": outs[0].stats.get("host_us_p50"),
             "outputs": [o.token_ids for o in outs],
             "goodput": outs[0].stats.get("goodput")}
@@ -60,7 +66,8 @@ def pair_rows(args, device, dtype) -> list[dict]:
             for name, (d, opts) in methods.items():
                 drafter = create_drafter(d, **opts) if d else None
                 # at least --min-prompts prompts, b at a time (later ones join as slots free up)
-                res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp)
+                res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp,
+                            repeats=args.repeats)
                 outs = res.pop("outputs")
                 row = dict(target="demo-pair", method=name, batch=b, temperature=temp, **res)
                 if name == "plain":
@@ -184,6 +191,8 @@ def add_parser(sub) -> None:
     p.add_argument("--min-prompts", type=int, default=8,
                    help="trained pair: run at least this many prompts per batch size (small batches run several waves)")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="trained pair: measured runs per row after the warm-up; the median is reported")
     p.add_argument("--beam-tree", default="beam:5x3")
     p.add_argument("--skip-pair", action="store_true", help="only the oracle rows (with --oracle-shape)")
     p.add_argument("--oracle-shape", default=None, choices=list(SHAPES), help="also the oracle at this random shape")

@@ -17,11 +17,12 @@ BENCH_MODULES = [
     "stree.bench.batch",
     "stree.bench.step_profile",
     "stree.bench.serve",
+    "stree.bench.admission",
 ]
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, rpc, serve)")
+    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, rpc, serve, admission)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:

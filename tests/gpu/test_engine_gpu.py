@@ -82,3 +82,40 @@ def test_graphed_top_k_one_after_unfiltered_sampled_graphs_is_greedy(models):
                          temperature=1.0, top_k=1, seed=5, max_new_tokens=16).token_ids
     want = stree.generate(target, prompt, drafter=None, max_new_tokens=16, cuda_graphs=False).token_ids
     assert got == want
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+def test_graphed_prefill_equals_eager_prefill(models, arch):
+    """Admission's prefill as CUDA-graph replays (rows and widths padded to buckets, graphs captured in the
+    middle of a run) leaves every row as the eager batched prefill does."""
+    from stree.verifier.model.batch_prefill import prefill_contexts
+    from stree.verifier.model.graphed_prefill import PrefillRunner
+
+    backend.use("triton")
+    try:
+        model = models[arch]
+        gen = torch.Generator().manual_seed(11)
+        contexts = [torch.randint(0, 1000, (int(n),), generator=gen).tolist() for n in (70, 3, 0, 33, 129, 5, 16)]
+        runner = PrefillRunner(model, 4, 256, chunk=32)
+        got = {}
+
+        def deliver(index, first, hidden):
+            rows = runner.scratch.rows(len(index), first).clone()
+            for k, j in enumerate(index):
+                got[j] = (rows.rows(1, k).clone(), hidden[k].clone())
+
+        assert runner.run(contexts, deliver) and runner.graphs and not runner.failed
+        ref = prefill_contexts(model, contexts, chunk=32, room=256 - 129)
+        for k, j in enumerate(ref.order):
+            state, hidden = got[j]
+            n = len(contexts[j])
+            assert int(state.seqlen[0]) == n
+            torch.testing.assert_close(hidden, ref.hidden[k], atol=1e-4, rtol=1e-4)
+            for mine, theirs in zip(state.layers, ref.state.rows(1, k).layers):
+                for name, t in vars(theirs).items():
+                    m = getattr(mine, name)
+                    if name.endswith("_cache"):
+                        m, t = m[:, :n], t[:, :n]
+                    torch.testing.assert_close(m, t, atol=1e-4, rtol=1e-4, msg=f"{arch} context {j} {name}")
+    finally:
+        backend.use(None)

@@ -326,6 +326,34 @@ def test_mixed_prompt_lengths_share_one_engine(models):
     assert engine_for(model, drafter, args[0], args[1], 1900, *args[2:]) is long
 
 
+def test_a_named_drafter_keeps_one_engine_across_generate_calls(models):
+    """generate(drafter="mamba") builds the drafter once per target and options, so its engine (and the
+    CUDA graphs it holds) serves every later call: before, each call built a new drafter and engine."""
+    from stree.verifier.decode.loop import generate
+
+    model, draft = models["mamba2"], models["draft"]
+    prompt = [3, 5, 7]
+    first = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6)
+    engines = dict(model.__dict__["_stree_engines"])
+    second = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6)
+    assert model.__dict__["_stree_engines"] == engines and second.token_ids == first.token_ids
+    generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:3", max_new_tokens=6)
+    assert len(model.__dict__["_stree_engines"]) == len(engines) + 1  # other options: another drafter
+
+
+def test_an_engine_whose_drafter_was_taken_over_refuses_to_step(models):
+    """Two engines over one device drafter would share its slot state: the later one owns it, and the
+    earlier one raises instead of drafting from state it no longer owns."""
+    model, draft = models["mamba2"], models["draft"]
+    drafter = DeviceTreeDrafter(draft)
+    old = Engine(model, drafter, ["chain:2"], max_batch=1, max_seqlen=64)
+    new = Engine(model, drafter, ["chain:2"], max_batch=1, max_seqlen=64)
+    assert new.owns_drafter and not old.owns_drafter
+    with pytest.raises(RuntimeError, match="another engine"):
+        old.run([Request([1, 2], max_new_tokens=2)])
+    assert new.run([Request([1, 2], max_new_tokens=4)])[0].output == _reference(model, [1, 2], 4)
+
+
 def test_a_request_with_top_k_gets_its_own_step_after_unfiltered_sampled_steps(models):
     """Sampled steps skip the top-k/top-p sorts while no row filters; the step key says which, so a graph
     captured without filters is never replayed for a row that has one. A top_k=1 row at T=1 is greedy."""

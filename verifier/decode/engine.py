@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -29,7 +30,8 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
-from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets, prefill_contexts
+from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets
+from stree.verifier.model.graphed_prefill import PrefillRunner
 from stree.verifier.model.lm import StreeLM
 
 log = logging.getLogger(__name__)
@@ -184,6 +186,8 @@ class Engine:
         # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
         self.generator = None if self.cuda else torch.Generator()
         self.reseed(seed)
+        if self.drafter is not None:  # its slots are allocated for this engine: an engine built later takes them over
+            self.drafter._stree_engine = weakref.ref(self)
         self._allocate()
         self.slots: list[Optional[Request]] = [None] * self.batch
         self.waiting: collections.deque[Request] = collections.deque()
@@ -225,6 +229,7 @@ class Engine:
     def _allocate(self) -> None:
         b, dev = self.batch, self.device
         self.state = self.model.new_state(b, self.max_seqlen)
+        self.prefiller = PrefillRunner(self.model, b, self.max_seqlen, self.prefill_chunk, cuda_graphs=self.cuda_graphs)
         if self.drafter is not None:
             self.drafter.new_slots(b, self.max_seqlen)
         self.roots = torch.zeros(b, dtype=torch.long, device=dev)
@@ -277,6 +282,11 @@ class Engine:
         return request
 
     @property
+    def owns_drafter(self) -> bool:
+        """False once another engine was built over this engine's device drafter (its state is that engine's now)."""
+        return self.drafter is None or getattr(self.drafter, "_stree_engine", lambda: None)() is self
+
+    @property
     def num_running(self) -> int:
         return sum(r is not None for r in self.slots)
 
@@ -295,23 +305,28 @@ class Engine:
         if not joining:
             return
         t0 = time.perf_counter()
-        contexts = [r.prompt_ids[:-1] for r in joining]
-        pre = prefill_contexts(self.model, contexts, self.prefill_chunk,
-                               keep_going=lambda: any(not r.done for r in joining))
-        if pre is None:  # every one of them was cancelled during the prefill: the slots stay free
-            return
-        rows = [k for k, j in enumerate(pre.order) if not joining[j].done]  # cancelled mid-prefill: dropped
-        src = pre.state if len(rows) == len(pre.order) else pre.state.select(torch.tensor(rows, device=self.device))
-        slots = [free[pre.order[k]] for k in rows]
-        self.state.assign_rows(slots, src)
-        admitted = [joining[pre.order[k]] for k in rows]
+        slot_of = {j: free[j] for j in range(len(joining))}
+        hidden: dict = {}
+
+        def deliver(index, first, hid):
+            self.state.assign_rows([slot_of[j] for j in index], self.prefiller.scratch.rows(len(index), first))
+            if self.observes:
+                for k, j in enumerate(index):
+                    hidden[j] = hid[k].clone()
+
+        if not self.prefiller.run([r.prompt_ids[:-1] for r in joining], deliver,
+                                  keep_going=lambda: any(not r.done for r in joining)):
+            return  # every one of them was cancelled during the prefill: the slots stay free
+        picked = [j for j, r in enumerate(joining) if not r.done]  # cancelled mid-prefill: dropped
+        slots = [slot_of[j] for j in picked]
+        admitted = [joining[j] for j in picked]
         if self.drafter is not None and not self.defer_drafter:
             self.drafter.prefill_slots(slots, [r.prompt_ids[:-1] for r in admitted])
             self.backlog_len[slots] = 0
         elapsed = time.perf_counter() - t0
-        for k, i, req in zip(rows, slots, admitted):
+        for j, i, req in zip(picked, slots, admitted):
             if self.observes:
-                self.drafter.observe_target(pre.hidden[k], slot=i)
+                self.drafter.observe_target(hidden[j], slot=i)
             self.stale[i] = self.defer_drafter
             self.roots[i] = req.prompt_ids[-1]
             req.root_token = req.prompt_ids[-1]
@@ -462,6 +477,9 @@ class Engine:
         Returns ``(request, new tokens)`` pairs; finished requests have left their slots.
         """
         t0 = time.perf_counter()
+        if not self.owns_drafter:
+            raise RuntimeError("another engine was built over this engine's device drafter and holds its state now; "
+                               "give each engine its own drafter")
         self._drop_cancelled()
         self._admit()
         emitted: list = []
@@ -700,17 +718,22 @@ class Engine:
             req.drafter_session = DeadSession()
 
     # ----- whole runs ---------------------------------------------------------------------------------
-    def warm_up_prefill(self) -> None:
-        """Prefill once at every width bucket with 1, 2 and 16 rows (target and draft model), so that no
-        request waits on a kernel compile for its prompt length. Only while the engine holds no sequence:
-        the drafter's slots are used as scratch."""
+    def warm_up_prefill(self, every_bucket: bool = False) -> None:
+        """Prefill once at every width bucket with 1, 2 and 16 rows (with ``every_bucket``, every row bucket),
+        target and draft model, so that no request waits on a kernel compile or a graph capture for its
+        prompt length. Only while the engine holds no sequence (the drafter's slots are scratch then)."""
         if self.has_work:
             return
-        for width in prefill_buckets(self.prefill_chunk):
-            for n in [n for n in (1, 2, 16) if n <= self.batch]:
-                prefill_contexts(self.model, [[0] * width] * n, self.prefill_chunk)
-                if self.drafter is not None:
-                    self.drafter.prefill_slots(list(range(n)), [[0] * width] * n)
+        runners = [self.prefiller] + ([self.drafter.prefiller] if hasattr(self.drafter, "prefiller") else [])
+        for runner in runners:
+            rows = sorted({runner.rows_bucket(n) for n in
+                           (range(1, runner.max_rows + 1) if every_bucket else (1, 2, 16)) if n <= runner.max_rows})
+            for width in [w for w in prefill_buckets(runner.chunk) if w <= runner.max_seqlen]:
+                for n in rows:
+                    runner.run([[0] * width] * n, lambda *_: None)
+        if self.drafter is not None and not hasattr(self.drafter, "prefiller"):
+            for width in prefill_buckets(self.prefill_chunk):
+                self.drafter.prefill_slots([0], [[0] * width])
 
     def warm_up(self) -> int:
         """Capture every step graph now (greedy and sampled, each shape, the drafter's catch-up, plain steps
@@ -721,7 +744,7 @@ class Engine:
         Goodput statistics and step metrics start afresh afterwards.
         """
         if self.cuda:
-            self.warm_up_prefill()
+            self.warm_up_prefill(every_bucket=True)
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
         trees = [s for s in self.shapes if s.kind != "none"]

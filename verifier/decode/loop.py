@@ -270,7 +270,7 @@ def generate(
             f"draft model vocabulary ({draft_model.vocab_size}) differs from the target's ({model.vocab_size})"
         )
     budget = budget or DEFAULT_BUDGET
-    built = _build_drafter(drafter, draft_model, drafter_options)
+    built = _build_drafter(drafter, draft_model, drafter_options, cache_on=model)
     device = _device_path(built, budget)
     if built is None:
         engine_drafter, shapes = None, ["none"]
@@ -316,6 +316,8 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
     config = (tuple(str(s) for s in shapes), max_batch, cuda_graphs, budget)
     cache = model.__dict__.setdefault("_stree_engines", {})
     cached = cache.get(owner)
+    if cached is not None and not cached[1].owns_drafter:  # another engine took its drafter over since
+        cached = None
     if cached is not None and cached[0] == config:
         if cached[2] >= room and not cached[1].has_work:
             return cached[1]
@@ -342,17 +344,40 @@ def _as_prompts(prompt_ids) -> tuple[list[list[int]], bool]:
     return [[int(x) for x in items]], True
 
 
-def _build_drafter(drafter, draft_model, options) -> Optional[Drafter]:
+def _build_drafter(drafter, draft_model, options, cache_on=None) -> Optional[Drafter]:
+    """The drafter ``drafter`` names, or ``drafter`` itself when it is one. With ``cache_on`` (the target model)
+    a named drafter is built once per set of options and reused: the engine, with its CUDA graphs, is
+    cached per device drafter, so a fresh drafter per call would rebuild and recapture it every call."""
     if drafter is None or drafter == "none":
         return None
     if isinstance(drafter, str):
         opts = {k: v for k, v in options.items() if v is not None}
         if draft_model is not None:
             opts["draft_model"] = draft_model
-        drafter = create_drafter(drafter, **opts)
+        if cache_on is None:
+            return create_drafter(drafter, **opts)
+        key = (drafter, tuple(sorted((k, _option_key(v)) for k, v in opts.items())))
+        cache = cache_on.__dict__.setdefault("_stree_drafters", {})
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[0]
+        built = create_drafter(drafter, **opts)
+        if len(cache) >= 8:  # bounded like the engine cache
+            cache.pop(next(iter(cache)))
+        cache[key] = (built, opts)  # the options are kept alive, so the ids in the key stay theirs
+        drafter = built
     if not hasattr(drafter, "open"):
         raise ValueError(f"drafter must be a name or a Drafter, got {type(drafter).__name__}")
     return drafter
+
+
+def _option_key(value):
+    """A drafter option as part of a cache key: plain values by value, objects (models, tensors) by identity."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value):
+        return tuple(value)
+    return ("id", id(value))
 
 
 def _device_path(drafter, budget: DraftBudget):

@@ -4,7 +4,8 @@ Contexts are sorted longest first, so the rows still going at any chunk are a pr
 every one of them has consumed exactly the chunk start: each chunk is one ``prefill_padded`` on a view
 of those rows, padded up to a width bucket (a power of two from 16, or the chunk) over the longest of
 them, so kernels meet a handful of shapes, each compiled once (``prefill_buckets``), not one per
-prompt length. This is how the engine admits joining requests.
+prompt length. ``graphed_prefill.PrefillRunner``, which the engine admits joining requests with, runs the
+same passes as CUDA-graph replays; this eager version is its reference.
 """
 
 from __future__ import annotations

@@ -135,9 +135,11 @@ class LMState:
         return LMState([_map_layer(s, lambda t: t[index].clone()) for s in self.layers], self.seqlen[index].clone(),
                        self.max_seqlen)
 
-    def rows(self, n: int) -> "LMState":
-        """The first ``n`` rows as views: an in-place update of the result (e.g. a prefill) updates this state."""
-        return LMState([_map_layer(s, lambda t: t[:n]) for s in self.layers], self.seqlen[:n], self.max_seqlen)
+    def rows(self, n: int, start: int = 0) -> "LMState":
+        """Rows ``start..start+n-1`` as views: an in-place update of the result (e.g. a prefill) updates this state."""
+        end = start + n
+        return LMState([_map_layer(s, lambda t: t[start:end]) for s in self.layers], self.seqlen[start:end],
+                       self.max_seqlen)
 
     def assign_rows(self, rows: list[int], src: "LMState") -> None:
         """Overwrite rows ``rows`` with ``src``'s rows ``0..len(rows)-1`` (sequences joining a slot pool).

@@ -19,7 +19,7 @@ from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode, TreeBatch
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.model.batch_prefill import prefill_contexts
+from stree.verifier.model.graphed_prefill import PrefillRunner
 
 
 class DeviceTreeDrafter:
@@ -44,6 +44,7 @@ class DeviceTreeDrafter:
     # ----- slots --------------------------------------------------------------------------------
     def new_slots(self, batch_size: int, max_seqlen: int) -> None:
         self.state = self.model.new_state(batch_size, max_seqlen)
+        self.prefiller = PrefillRunner(self.model, batch_size, max_seqlen)
         self._layout = {}
 
     def park(self, idle: torch.Tensor) -> None:
@@ -70,8 +71,12 @@ class DeviceTreeDrafter:
     def prefill_slots(self, slots: list[int], contexts: list) -> None:
         """``prefill_slot`` for many slots at once, in a few batched passes of the draft model."""
         if slots:
-            pre = prefill_contexts(self.model, contexts)
-            self.state.assign_rows([slots[j] for j in pre.order], pre.state)
+            runner = self.prefiller
+
+            def deliver(index, first, _hidden):
+                self.state.assign_rows([slots[j] for j in index], runner.scratch.rows(len(index), first))
+
+            runner.run(contexts, deliver)
 
     # ----- one draft ----------------------------------------------------------------------------
     def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):
