@@ -38,7 +38,8 @@ def rows_for(name: str, model, args) -> list[dict]:
     for rows in args.rows:
         for length in args.lengths:
             contexts = [torch.randint(0, model.vocab_size, (length,), generator=gen).tolist() for _ in range(rows)]
-            runner = PrefillRunner(model, rows, length + 1, chunk=args.chunk)
+            room = -(-(length + 1) // 1024) * 1024  # as the engine rounds its room per sequence
+            runner = PrefillRunner(model, rows, room, chunk=args.chunk)
             graphed = _wall_ms(lambda: runner.run(contexts, lambda *_: None), args.reps)
             eager = _wall_ms(lambda: prefill_contexts(model, contexts, args.chunk), args.reps)
             out.append(dict(model=name, rows=rows, context=length, eager_ms=eager, graphed_ms=graphed,

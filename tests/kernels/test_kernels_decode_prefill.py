@@ -50,9 +50,10 @@ def test_conv_step_matches_reference_and_rolls_state(width):
     assert torch.equal(s2, s1)
 
 
-def test_prefill_chunks_carry_the_state():
+@pytest.mark.parametrize("chunk,t", [(16, 37), (64, 70)])  # 64: fp32 chunks in 32-node tiles
+def test_prefill_chunks_carry_the_state(chunk, t):
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    b, t, h, p, g, s = 2, 37, 2, 8, 1, 16
+    b, h, p, g, s = 2, 2, 8, 1, 16
     x = torch.randn(b, t, h, p, generator=gen)
     dt = torch.rand(b, t, h, generator=gen) * 0.5
     A = -torch.rand(h, generator=gen)
@@ -61,7 +62,7 @@ def test_prefill_chunks_carry_the_state():
     s1 = torch.randn(b, h, p, s, generator=gen)
     s2 = s1.clone()
     y1 = ssd_prefill_ref(x, dt, A, Bm, Cm, D, s1)
-    y2 = ssd_prefill_triton(x, dt, A, Bm, Cm, D, s2, chunk_size=16, use_mamba_ssm=False)
+    y2 = ssd_prefill_triton(x, dt, A, Bm, Cm, D, s2, chunk_size=chunk, use_mamba_ssm=False)
     assert rel_err(y2, y1) < 1e-5
     assert rel_err(s2, s1) < 1e-5
 

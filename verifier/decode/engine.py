@@ -448,11 +448,13 @@ class Engine:
     def _capture(self, fn):
         """Capture ``fn`` as a graph, then restore every state its warm-up runs advanced."""
         saved = [t.clone() for t in self._mutable()]
+        rng = torch.cuda.get_rng_state(self.device)  # the warm-up runs draw samples: a seeded run must not see them
         try:
             graph, _ = capture_graph(fn, warmup=2)
         finally:  # also when the capture fails: the eager fallback must start from the same state
             for t, s in zip(self._mutable(), saved):
                 t.copy_(s)
+            torch.cuda.set_rng_state(rng, self.device)
         return graph
 
     def _mutable(self) -> list[torch.Tensor]:
@@ -718,19 +720,18 @@ class Engine:
             req.drafter_session = DeadSession()
 
     # ----- whole runs ---------------------------------------------------------------------------------
-    def warm_up_prefill(self, every_bucket: bool = False) -> None:
-        """Prefill once at every width bucket with 1, 2 and 16 rows (with ``every_bucket``, every row bucket),
-        target and draft model, so that no request waits on a kernel compile or a graph capture for its
-        prompt length. Only while the engine holds no sequence (the drafter's slots are scratch then)."""
+    def warm_up_prefill(self) -> None:
+        """Prefill once at every (rows, width) bucket, target and draft model, so that no request waits on a
+        kernel compile or a graph capture for its prompt length or its batch (a capture stalls the run it
+        happens in for several passes). Only while the engine holds no sequence (the drafter's slots are
+        scratch then)."""
         if self.has_work:
             return
         runners = [self.prefiller] + ([self.drafter.prefiller] if hasattr(self.drafter, "prefiller") else [])
         for runner in runners:
-            rows = sorted({runner.rows_bucket(n) for n in
-                           (range(1, runner.max_rows + 1) if every_bucket else (1, 2, 16)) if n <= runner.max_rows})
-            for width in [w for w in prefill_buckets(runner.chunk) if w <= runner.max_seqlen]:
-                for n in rows:
-                    runner.run([[0] * width] * n, lambda *_: None)
+            for rows, width in runner.buckets():
+                if width <= runner.max_seqlen:
+                    runner.run([[0] * width] * rows, lambda *_: None)
         if self.drafter is not None and not hasattr(self.drafter, "prefiller"):
             for width in prefill_buckets(self.prefill_chunk):
                 self.drafter.prefill_slots([0], [[0] * width])
@@ -744,7 +745,7 @@ class Engine:
         Goodput statistics and step metrics start afresh afterwards.
         """
         if self.cuda:
-            self.warm_up_prefill(every_bucket=True)
+            self.warm_up_prefill()
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
         trees = [s for s in self.shapes if s.kind != "none"]
