@@ -33,19 +33,22 @@ def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: flo
     runs neither resize the cached engine, capture a graph nor compile a kernel: steady state); with
     ``repeats`` > 1 the median run is reported, and every run's tokens/s beside it."""
     kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch, **opts)
-    generate(model, prompts, **kw)
+    before = generate(model, prompts, **kw)[0].stats["engine_metrics"]
     runs = []
     for _ in range(max(1, repeats)):
         cuda_sync()
         t0 = time.perf_counter()
         outs = generate(model, prompts, **kw)
         cuda_sync()
-        runs.append((time.perf_counter() - t0, outs))
-    elapsed, outs = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        after = outs[0].stats["engine_metrics"]
+        runs.append((time.perf_counter() - t0, outs, {k: v - before.get(k, 0) for k, v in after.items()}))
+        before = after
+    elapsed, outs, engine = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     tokens = sum(len(o.token_ids) for o in outs)
     steps = sum(o.stats["steps"] for o in outs)
     return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
-            "tokens_per_s_runs": [tokens / e for e, _ in runs],
+            "tokens_per_s_runs": [tokens / e for e, _, _ in runs],
+            "engine": engine,  # the median run's engine metrics: steps and GPU seconds per shape, admission, refresh
             "tau": tokens / steps if steps else None, "host_us_p50": outs[0].stats.get("host_us_p50"),
             "outputs": [o.token_ids for o in outs],
             "goodput": outs[0].stats.get("goodput")}

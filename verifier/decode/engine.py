@@ -324,6 +324,7 @@ class Engine:
             self.drafter.prefill_slots(slots, [r.prompt_ids[:-1] for r in admitted])
             self.backlog_len[slots] = 0
         elapsed = time.perf_counter() - t0
+        self.metrics["admit_s"] += elapsed
         for j, i, req in zip(picked, slots, admitted):
             if self.observes:
                 self.drafter.observe_target(hidden[j], slot=i)
@@ -493,6 +494,7 @@ class Engine:
                 t1 = time.perf_counter()
                 self._refresh_drafter()
                 refresh_s = time.perf_counter() - t1
+                self.metrics["refresh_s"] += refresh_s
             if self.num_running:
                 launched = self._launch(t0, shape)
                 launched.refresh_s = refresh_s
@@ -636,6 +638,8 @@ class Engine:
         self.metrics["waited_s"] += t1 - t0
         seconds = step.timer[0] if len(step.timer) == 1 else step.timer[0].elapsed_time(step.timer[1]) / 1e3
         self.metrics["gpu_s"] += seconds
+        self.metrics[f"steps:{step.shape}"] += 1  # per shape: where a goodput-controlled run spends its time
+        self.metrics[f"gpu_s:{step.shape}"] += seconds
         # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
         # a step that first refreshed a stale drafter is charged for it: leaving plain decoding for a

@@ -299,6 +299,7 @@ def generate(
         stats = {**r.stats, **host, "decode_tokens_per_s": r.stats["tokens_per_s"]}
         if engine.goodput is not None:
             stats["goodput"] = engine.goodput.table()
+        stats["engine_metrics"] = dict(engine.metrics)  # cumulative over the engine's life (it is reused)
         text = tokenizer.decode(r.output) if tokenizer is not None else None
         results.append(GenerationResult(token_ids=r.output, stats=stats, text=text))
     return results[0] if single else results
