@@ -36,26 +36,19 @@ def _load(spec: str):
     return getattr(importlib.import_module(f"{__package__}.{mod}"), fn)
 
 
-def _ref(op: str) -> object:
-    """The reference implementation of ``op`` (whatever the backend)."""
-    key = (op, "torch")
-    if key not in _CACHE:
-        _CACHE[key] = _load(_OPS[op][0])
-    return _CACHE[key]
-
-
 def get(op: str, device) -> object:
     """The implementation of ``op`` for tensors on ``device``."""
     which = backend.resolve(device)
     key = (op, which)
     if key not in _CACHE:
+        ref, tri = _OPS[op]
         if which == "triton":
             try:
-                _CACHE[key] = _load(_OPS[op][1])
+                _CACHE[key] = _load(tri)
             except (ImportError, AttributeError):
-                _CACHE[key] = _ref(op)  # no kernel for this op (or no triton): the reference
+                _CACHE[key] = _load(ref)  # no kernel for this op (or no triton): the reference
         else:
-            _CACHE[key] = _ref(op)
+            _CACHE[key] = _load(ref)
     return _CACHE[key]
 
 
@@ -68,21 +61,17 @@ def tree_conv1d(xBC, conv_state, weight, bias, parents):
 
 
 def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-                   headdim, ssm_state, tables=None):
+                   headdim, ssm_state):
     """The tree pass between in_proj and the gated norm (conv + activation, dt, tree scan) in one launch:
     ``(y [B, N, H, P], xbc [B, N, C] post-conv, dt [B, N, H] float32)``.
 
-    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference. ``tables`` (optional,
-    the pass's ``tree_tables.TreeTables`` of ``parents``) go to the kernels only: the reference needs none,
-    so on its backend they are never built.
+    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference.
     """
     op = get("tree_conv_scan", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
-        op = _ref("tree_conv_scan")
-    kw = {} if tables is None or op is _ref("tree_conv_scan") else dict(taps=tables.taps(conv_w.shape[1]),
-                                                                        anc=tables.anc)
+        op = _load(_OPS["tree_conv_scan"][0])
     return op(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-              headdim, ssm_state, **kw)
+              headdim, ssm_state)
 
 
 def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
@@ -96,7 +85,7 @@ def mamba_step(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D
     """
     op = get("mamba_step", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
-        op = _ref("mamba_step")
+        op = _load(_OPS["mamba_step"][0])
     return op(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation)
 
 

@@ -1,13 +1,11 @@
 """The Mamba2 layer's tree conv (+SiLU), dt and tree scan in ONE Triton launch (reference: ``tree_conv_scan_ref``).
 
 One program per (sequence, head, headdim block), as in the single-tile tree scan: it convolves its
-head's x channels and its group's B and C channels over every node (taps walk ``parents``, or come from
-the tree pass's taps table; taps above the root read the committed conv state), computes its head's dt,
-then runs the whole-tree scan from those registers (ancestor mask by boolean squaring or from the pass's
-mask table, tree cumsum, C H_0^T, C B^T, W X, D skip). The tables (``tree_tables``) depend only on the
-tree, so a tree pass builds them once for all its layers, and they spare each layer's kernel its chains
-of dependent ``parents`` loads. The B/C convs are recomputed by every head of a group (cheap next to a
-launch) and stored by the group's first head only, dt by the first headdim block, so nothing is written twice.
+head's x channels and its group's B and C channels over every node (taps walk ``parents``; taps
+above the root read the committed conv state), computes its head's dt, then runs the whole-tree
+scan from those registers (ancestor mask by boolean squaring, tree cumsum, C H_0^T, C B^T, W X,
+D skip). The B/C convs are recomputed by every head of a group (cheap next to a launch) and stored
+by the group's first head only, dt by the first headdim block, so nothing is written twice.
 The kernel takes trees of up to ``SMALL_MAX_NODES`` nodes, but is used by default only up to
 ``FUSED_MAX_NODES`` (16 padded nodes): measured on the H100 (2026-11-24, bf16, Mamba2-2.7B shape) it
 is on par with the two kernels at 8-16 nodes and much slower at 32-64 (the per-head recomputed B/C
@@ -26,7 +24,6 @@ from stree.kernels.tree_conv_scan import split_xbc
 from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
 from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, SMALL_MAX_STATE, c_dot_bt, small_tree_head,
                                             small_tree_mask, small_tree_ranges, tree_scan_triton)
-from stree.kernels.tree_tables import check_table, table_args
 
 FUSED_MAX_NODES = 16
 """Largest padded tree routed to the fused kernel by default (see the module docstring)."""
@@ -35,12 +32,11 @@ FUSED_MAX_NODES = 16
 @triton.jit
 def _tree_conv_scan_kernel(
     xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_ptr, dtr_ptr, dtb_ptr, A_ptr, D_ptr, h0_ptr,
-    y_ptr, out_ptr, dt_ptr, tap_ptr, anc_ptr,
+    y_ptr, out_ptr, dt_ptr,
     N, H, P, S, G, heads_per_group, dt_lo, dt_hi,
-    s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt, s_tap, s_anc,
+    s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, LOG2_BN: tl.constexpr, HALF: tl.constexpr,
-    HAS_TAPS: tl.constexpr, HAS_ANC: tl.constexpr,
 ):
     bh = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -55,24 +51,19 @@ def _tree_conv_scan_kernel(
     xbc_b = xbc_ptr + b * s_xbc[0]
     cs_b = cs_ptr + b * s_cs[0]
     par_b = par_ptr + b * s_par[0]
-    tap_b = tap_ptr + b * s_tap[0]
 
     # Conv + SiLU of this program's channels over every node, rounded to the activations' dtype as
     # the unfused path stores them (zero on padded nodes and channels).
-    xh = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, nodes, ok, x_ch, p_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], s_tap[1], s_tap[2], K, HAS_BIAS, False,
-                        HAS_TAPS).to(odt)
-    bv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, nodes, ok, b_ch, s_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], s_tap[1], s_tap[2], K, HAS_BIAS, False,
-                        HAS_TAPS).to(odt)
-    cv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, nodes, ok, c_ch, s_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], s_tap[1], s_tap[2], K, HAS_BIAS, False,
-                        HAS_TAPS).to(odt)
+    xh = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, x_ch, p_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
+    bv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, b_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
+    cv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, c_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, False).to(odt)
     raw = tl.load(dtr_ptr + b * s_dtr[0] + nodes * s_dtr[1] + h * s_dtr[2], mask=ok, other=0.0).to(tl.float32)
     a = tl.where(ok, softplus_dt(raw + tl.load(dtb_ptr + h).to(tl.float32), dt_lo, dt_hi, CLAMP), 0.0)
 
-    anc = small_tree_mask(par_b, s_par[1], anc_ptr + b * s_anc[0], s_anc[1], s_anc[2], nodes, ok, LOG2_BN, False,
-                          HAS_ANC)
+    anc = small_tree_mask(par_b, s_par[1], nodes, ok, LOG2_BN, False)
     cb = c_dot_bt(cv, tl.trans(bv), HALF)
     y = small_tree_head(anc, cb, cv.to(tl.float32), a, xh.to(tl.float32), A_ptr, D_ptr, h0_ptr + b * s_h0[0],
                         s_h0, h, offs_p, p_ok, offs_s, s_ok, HALF)
@@ -115,13 +106,11 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
-                          A, D, ngroups, headdim, ssm_state, *, out=None, max_fused_nodes=FUSED_MAX_NODES,
-                          taps=None, anc=None):
+                          A, D, ngroups, headdim, ssm_state, *, out=None, max_fused_nodes=FUSED_MAX_NODES):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
     ``out = (y, xbc, dt)`` (optional) receives the outputs. Trees over ``max_fused_nodes`` (at most
-    ``SMALL_MAX_NODES``) nodes run the two unfused kernels. ``taps`` ``[B, N, K]`` and ``anc`` ``[B, N, N]``
-    (optional, ``tree_tables``) are the tree pass's tables: the kernels load them instead of walking ``parents``.
+    ``SMALL_MAX_NODES``) nodes run the two unfused kernels.
     """
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
@@ -137,26 +126,22 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
                          f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
     width = conv_w.shape[1]
-    check_table(taps, (b, n, width), "tree_conv_scan: taps")
-    check_table(anc, (b, n, n), "tree_conv_scan: anc")
     if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > SMALL_MAX_STATE or width < 2:  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
-                           dt=(dt_raw, dt_bias, dt_limit, dt), taps=taps)
+                           dt=(dt_raw, dt_bias, dt_limit, dt))
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)
-        tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y, anc=anc)
+        tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y)
         return y, xbc, dt
     lo, hi = dt_limit
     bn = max(16, triton.next_power_of_2(n))
     bp = min(32, max(16, triton.next_power_of_2(p)))
-    (tap_ptr, s_tap), (anc_ptr, s_anc) = table_args(taps, parents), table_args(anc, parents)
     _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](
         xBC, conv_state, conv_w, conv_b if conv_b is not None else conv_w, parents, dt_raw, dt_bias, A, D,
-        ssm_state, y, xbc, dt, tap_ptr, anc_ptr,
+        ssm_state, y, xbc, dt,
         n, h, p, s, ngroups, h // ngroups, float(lo), float(min(hi, 3.0e38)),
-        *(t.stride() for t in (xBC, conv_state, conv_w, parents, dt_raw, ssm_state, y, xbc, dt)), s_tap, s_anc,
+        *(t.stride() for t in (xBC, conv_state, conv_w, parents, dt_raw, ssm_state, y, xbc, dt)),
         K=width, HAS_BIAS=conv_b is not None, CLAMP=lo > 0.0 or hi < float("inf"),
         BN=bn, BP=bp, BS=max(16, triton.next_power_of_2(s)), LOG2_BN=bn.bit_length() - 1,
-        HALF=xBC.dtype in (torch.float16, torch.bfloat16), HAS_TAPS=taps is not None, HAS_ANC=anc is not None,
-        num_warps=4,
+        HALF=xBC.dtype in (torch.float16, torch.bfloat16), num_warps=4,
     )
     return y, xbc, dt

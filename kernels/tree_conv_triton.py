@@ -1,8 +1,8 @@
 """Tree conv1d in one Triton launch: each node's depthwise causal conv over its own ancestors, then SiLU.
 
-Tap k of node i is its k-th ancestor, found by walking ``parents`` in-kernel or read from the tree pass's
-taps table (``tree_tables``); taps above the root read the committed conv state. Also serves prefill
-(``is_chain``: ``parents[i] = i - 1``). Reference: ``tree_conv1d_ref``.
+Tap k of node i is its k-th ancestor, found by walking ``parents`` in-kernel; taps above the root
+read the committed conv state. Also serves prefill (``is_chain``: ``parents[i] = i - 1``).
+Reference: ``tree_conv1d_ref``.
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from stree.kernels.tree_tables import check_table, table_args
-
 
 @triton.jit
-def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, rows, row_ok, ch, ch_ok,
-                   s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn, s_tn, s_tk,
-                   K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr, HAS_TAPS: tl.constexpr):
+def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
+                   s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn,
+                   K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr):
     """``silu(conv)`` in fp32 of channels ``ch`` of the tree nodes ``rows`` of one sequence (``xbc_b``,
-    ``cs_b``, ``par_b``, ``tap_b`` point at it), zero outside ``row_ok x ch_ok``. Tap k is the k-th ancestor:
-    with ``HAS_TAPS`` read from the pass's taps table (``tree_tables.conv_taps``, independent loads), else
-    found by walking ``parents`` (a chain of dependent loads)."""
+    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Tap k is the k-th ancestor."""
     ok = row_ok[:, None] & ch_ok[None, :]
     acc = tl.zeros([rows.shape[0], ch.shape[0]], dtype=tl.float32)
     if HAS_BIAS:
@@ -29,8 +25,6 @@ def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, rows, row_ok, ch,
     # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
     cur = rows
     for k in tl.static_range(K):
-        if HAS_TAPS:
-            cur = tl.load(tap_b + rows * s_tn + k * s_tk, mask=row_ok, other=0).to(tl.int32)
         wk = tl.load(w_ptr + ch * s_wc + (K - 1 - k) * s_wk, mask=ch_ok, other=0.0).to(tl.float32)
         in_tree = cur >= 0
         v_tree = tl.load(xbc_b + cur[:, None] * s_xn + ch[None, :] * s_xc, mask=ok & in_tree[:, None], other=0.0)
@@ -38,13 +32,12 @@ def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, tap_b, rows, row_ok, ch,
         v_state = tl.load(cs_b + ch[None, :] * s_sc + col[:, None] * s_sk,
                           mask=ok & (~in_tree & (col >= 0))[:, None], other=0.0)
         acc += (v_tree.to(tl.float32) + v_state.to(tl.float32)) * wk[None, :]
-        if not HAS_TAPS:
-            if k + 1 < K:
-                if IS_CHAIN:
-                    cur = cur - 1
-                else:
-                    up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
-                    cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
+        if k + 1 < K:
+            if IS_CHAIN:
+                cur = cur - 1
+            else:
+                up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
+                cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
     return tl.where(ok, acc * tl.sigmoid(acc), 0.0)
 
 
@@ -67,10 +60,9 @@ def _tree_conv_kernel(
     s_pb, s_pn,
     s_ob, s_on, s_oc,
     dtr_ptr, dtb_ptr, dt_ptr, H, s_rb, s_rn, s_rh, s_tb, s_tn, s_th, dt_lo, dt_hi,
-    tap_ptr, s_tap,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr, HAS_TAPS: tl.constexpr,
+    HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -81,9 +73,8 @@ def _tree_conv_kernel(
     ch_ok = ch < C
     ok = row_ok[:, None] & ch_ok[None, :]
 
-    out = tree_conv_tile(xbc_ptr + b * s_xb, cs_ptr + b * s_sb, w_ptr, bias_ptr, par_ptr + b * s_pb,
-                         tap_ptr + b * s_tap[0], rows, row_ok, ch, ch_ok, s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn,
-                         s_tap[1], s_tap[2], K, HAS_BIAS, IS_CHAIN, HAS_TAPS)
+    out = tree_conv_tile(xbc_ptr + b * s_xb, cs_ptr + b * s_sb, w_ptr, bias_ptr, par_ptr + b * s_pb, rows, row_ok,
+                         ch, ch_ok, s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn, K, HAS_BIAS, IS_CHAIN)
     tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ch[None, :] * s_oc,
              out.to(out_ptr.dtype.element_ty), mask=ok)
     if HAS_DT:
@@ -98,11 +89,10 @@ def _tree_conv_kernel(
 
 
 def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu", *, out=None, is_chain=False,
-                       dt=None, taps=None):
+                       dt=None):
     """Triton ``tree_conv1d_ref``: ``silu(conv)`` ``[B, N, C]`` in ``xBC``'s dtype; ``conv_state`` is read only.
 
     ``dt = (dt_raw [B, N, H], dt_bias [H], dt_limit, dt_out [B, N, H] float32)`` also fills ``dt_out``.
-    ``taps`` (optional, ``tree_tables.conv_taps(parents, K)``) saves the kernel its walk up ``parents``.
     """
     if activation not in ("silu", "swish"):
         raise ValueError(f"tree_conv1d kernel: activation {activation!r} is not fused (only silu)")
@@ -116,7 +106,6 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
         raise ValueError(f"tree_conv1d: conv_state {tuple(conv_state.shape)} must be [{b}, {c}, {width - 1}]")
     if not is_chain and parents.shape != (b, n):
         raise ValueError(f"tree_conv1d: parents {tuple(parents.shape)} must be [{b}, {n}]")
-    check_table(taps, (b, n, width), "tree_conv1d: taps")
     out = torch.empty_like(xBC) if out is None else out
     if out.shape != xBC.shape:
         raise ValueError(f"tree_conv1d: out {tuple(out.shape)} must match xBC {tuple(xBC.shape)}")
@@ -137,9 +126,8 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
     _tree_conv_kernel[grid](
         xBC, conv_state, weight, bias if bias is not None else weight, parents if parents is not None else xBC, out,
         n, c, *xBC.stride(), *conv_state.stride(), *weight.stride(), *par_strides, *out.stride(), *dt_args,
-        *table_args(taps, xBC), K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n,
-        BLOCK_C=block_c, HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)),
-        HAS_TAPS=taps is not None, num_warps=4,
+        K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
+        HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)), num_warps=4,
     )
     return out
 

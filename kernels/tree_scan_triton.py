@@ -2,8 +2,7 @@
 
 ``y_i = exp(S_i) C_i^T H_0 + sum_{j in anc(i)} exp(S_i - S_j) (C_i . B_j) dt_j x_j + D x_i`` with
 three tensor-core products (C H_0^T, C B^T, W X) accumulated in fp32. The ancestor mask and the tree
-cumulative sum ``S = mask . (dt A)`` come from ``parents`` inside the kernel, or the single-tile kernel loads
-the tree pass's mask table (``tree_tables``) when it is given.
+cumulative sum ``S = mask . (dt A)`` come from ``parents`` inside the kernel (no per-step precompute).
 Each kernel takes a tensor's strides as one tuple in its dimension order (``s_x[1]``: x's node stride).
 Trees of up to 64 nodes: one program per (sequence, head, headdim block) holds the whole tree and
 builds the mask by boolean squaring. Larger trees (up to ``MAX_NODES``): programs own a block of
@@ -15,8 +14,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from stree.kernels.tree_tables import check_table, table_args
 
 MAX_NODES = 1024
 """Largest padded tree the kernel accepts (= ``protocols.token_tree.MAX_TREE_NODES``); tuned for <= 256."""
@@ -57,19 +54,14 @@ def small_tree_ranges(pid_p, N, P, S, BN: tl.constexpr, BP: tl.constexpr, BS: tl
 
 
 @triton.jit
-def small_tree_mask(par_b, s_pn, anc_b, s_ai, s_aj, nodes, ok, LOG2_BN: tl.constexpr, IS_CHAIN: tl.constexpr,
-                    HAS_ANC: tl.constexpr):
-    """``[BN, BN]`` ancestor-or-self mask of one whole tree (``par_b``: its parents row, ``anc_b``: its table).
+def small_tree_mask(par_b, s_pn, nodes, ok, LOG2_BN: tl.constexpr, IS_CHAIN: tl.constexpr):
+    """``[BN, BN]`` ancestor-or-self mask of one whole tree (``par_b``: its parents row).
 
-    With ``HAS_ANC`` one load of the pass's table (``tree_tables.kernel_ancestor_mask``); else the
-    reachability closure of (I + parent edges) by LOG2_BN boolean squarings on the tensor cores
+    Reachability closure of (I + parent edges) by LOG2_BN boolean squarings on the tensor cores
     (paths of up to 2^k edges after k squarings), so depth costs nothing extra.
     """
     if IS_CHAIN:
         anc = (nodes[None, :] <= nodes[:, None]) & ok[:, None]
-    elif HAS_ANC:
-        anc = tl.load(anc_b + nodes[:, None] * s_ai + nodes[None, :] * s_aj, mask=ok[:, None] & ok[None, :],
-                      other=0) != 0
     else:
         par = tl.load(par_b + nodes * s_pn, mask=ok, other=-1).to(tl.int32)
         par = tl.where(par < nodes, par, -1)  # a parent must come earlier
@@ -108,9 +100,9 @@ def small_tree_head(anc, cb, c32, a, xh, A_ptr, D_ptr, h0_b, s_h0, h, offs_p, p_
 @triton.jit
 def _tree_scan_small_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, par_ptr, h0_ptr, y_ptr,
-    anc_ptr, N, H, P, S, heads_per_group, n_hblocks, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y, s_anc,
+    N, H, P, S, heads_per_group, n_hblocks, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, HB: tl.constexpr, LOG2_BN: tl.constexpr,
-    IS_CHAIN: tl.constexpr, HALF: tl.constexpr, HAS_ANC: tl.constexpr,
+    IS_CHAIN: tl.constexpr, HALF: tl.constexpr,
 ):
     """Whole tree (N <= BN) in one tile; one program serves HB heads of a group and shares the
     ancestor mask and C.B^T between them."""
@@ -121,8 +113,7 @@ def _tree_scan_small_kernel(
     g = h_first // heads_per_group
     nodes, ok, offs_p, p_ok, offs_s, s_ok = small_tree_ranges(pid_p, N, P, S, BN, BP, BS)
 
-    anc = small_tree_mask(par_ptr + b * s_par[0], s_par[1], anc_ptr + b * s_anc[0], s_anc[1], s_anc[2], nodes, ok,
-                          LOG2_BN, IS_CHAIN, HAS_ANC)
+    anc = small_tree_mask(par_ptr + b * s_par[0], s_par[1], nodes, ok, LOG2_BN, IS_CHAIN)
     c = tl.load(C_ptr + b * s_C[0] + g * s_C[2] + nodes[:, None] * s_C[1] + offs_s[None, :] * s_C[3],
                 mask=ok[:, None] & s_ok[None, :], other=0.0)
     bt = tl.load(B_ptr + b * s_B[0] + g * s_B[2] + nodes[None, :] * s_B[1] + offs_s[:, None] * s_B[3],
@@ -257,19 +248,17 @@ def check_tree_scan_inputs(x, dt, A, Bm, Cm, D, parents, ssm_state) -> None:
         raise ValueError(f"tree_scan: ssm_state {tuple(ssm_state.shape)} must be [{b}, {h}, {p}, {Bm.shape[3]}]")
 
 
-def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_chain=False, anc=None,
+def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_chain=False,
                      block_m=None, block_p=None, block_s=None, heads_per_program=None, num_warps=None):
     """Triton ``tree_scan_ref``: ``y`` ``[B, N, H, P]`` in ``x``'s dtype; ``ssm_state`` is read only.
 
     ``is_chain=True`` treats every tree as the chain ``parents[i] = i - 1`` (``parents`` unused),
     which prefill uses. ``out`` (optional) receives ``y``. Trees of up to ``SMALL_MAX_NODES`` nodes
     run in the single-tile kernel unless ``block_m`` asks for a smaller node tile; the other
-    keywords override the tiling (see ``stree bench kernels --sweep``). ``anc`` (optional,
-    ``tree_tables.kernel_ancestor_mask(parents)``) saves the single-tile kernel building the mask.
+    keywords override the tiling (see ``stree bench kernels --sweep``).
     """
     check_tree_scan_inputs(x, dt, A, Bm, Cm, D, parents, ssm_state)
     b, n, h, p = x.shape
-    check_table(anc, (b, n, n), "tree_scan: anc")
     s = Bm.shape[3]
     hpg = h // Bm.shape[2]
     y = torch.empty_like(x) if out is None else out
@@ -286,11 +275,10 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
             raise ValueError(f"tree_scan: heads_per_program={hb} must divide the {hpg} heads of a group")
         bs = max(16, triton.next_power_of_2(s))
         grid = (b * (h // hb), triton.cdiv(p, bp))
-        anc_ptr, s_anc = table_args(anc, parents)
         _tree_scan_small_kernel[grid](
-            *common, anc_ptr, n, h, p, s, hpg, h // hb, *strides, s_anc,
+            *common, n, h, p, s, hpg, h // hb, *strides,
             BN=bn, BP=bp, BS=bs, HB=hb, LOG2_BN=bn.bit_length() - 1, IS_CHAIN=is_chain, HALF=half,
-            HAS_ANC=anc is not None, num_warps=num_warps or 4,
+            num_warps=num_warps or 4,
         )
         return y
     bm = block_m or 64

@@ -34,20 +34,4 @@ def padded_batch(specs, gen: torch.Generator) -> torch.Tensor:
     return TreeBatch.from_trees(trees).parents
 
 
-def conv_scan_inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit):
-    """Random ``tree_conv_scan`` inputs on the tree batch ``parents``; xBC and dt_raw are column slices of one
-    wider tensor, as in_proj gives them."""
-    b, n = parents.shape
-    c = heads * headdim + 2 * groups * d_state
-    zxbcdt = torch.randn(b, n, 3 + c + heads, generator=gen)
-    return dict(
-        xBC=zxbcdt[..., 3:3 + c], conv_state=torch.randn(b, c, width - 1, generator=gen),
-        conv_w=torch.randn(c, width, generator=gen) * 0.6,
-        conv_b=torch.randn(c, generator=gen) if bias else None, parents=parents,
-        dt_raw=zxbcdt[..., 3 + c:] * 2, dt_bias=torch.randn(heads, generator=gen), dt_limit=dt_limit,
-        activation="silu", A=-torch.rand(heads, generator=gen) * 2 - 0.1, D=torch.randn(heads, generator=gen),
-        ngroups=groups, headdim=headdim, ssm_state=torch.randn(b, heads, headdim, d_state, generator=gen),
-    )
-
-
 from stree.kernels.compare import rel_err  # noqa: E402,F401  (re-exported for the kernel tests)

@@ -186,18 +186,16 @@ def _check_tree_kernels(shape_name, shape, dtype, tol, tree_name, par, device, g
     add("tree_conv_dt_dt", shape_name, dtype, rel_err(got_dt, ref_dt), 1e-5, tree=tree_name)
     if n <= 64:  # the fused conv + dt + scan kernel (small trees)
         from stree.kernels import tree_conv_scan, tree_conv_scan_triton
-        from stree.kernels.tree_tables import TreeTables
 
         args = (xbc, cs, w, bias, parents, dt_raw, dt_bias, (0.0, 0.1), "silu", inp["A"], inp["D"], g, p,
                 inp["ssm_state"])
         ref_y, ref_xbc, ref_dt = tree_conv_scan.tree_conv_scan_ref(*args)
-        tables = TreeTables(parents)
-        for name, kw in (("tree_conv_scan", {}), ("tree_conv_scan_tables", dict(taps=tables.taps(k), anc=tables.anc))):
-            outs = tuple(torch.full_like(r, float("nan")) for r in (ref_y, ref_xbc, ref_dt))
-            tree_conv_scan_triton.tree_conv_scan_triton(*args, out=outs, max_fused_nodes=64, **kw)
-            for part, got, want in zip(("y", "xbc", "dt"), outs, (ref_y, ref_xbc, ref_dt)):
-                add(f"{name}_{part}", shape_name, dtype, rel_err(got, want), 1e-5 if part == "dt" else tol,
-                    tree=tree_name)
+        outs = (torch.full_like(inp["x"], float("nan")), torch.full_like(xbc, float("nan")),
+                torch.full_like(ref_dt, float("nan")))
+        tree_conv_scan_triton.tree_conv_scan_triton(*args, out=outs, max_fused_nodes=64)
+        for part, got, want in zip(("y", "xbc", "dt"), outs, (ref_y, ref_xbc, ref_dt)):
+            add(f"tree_conv_scan_{part}", shape_name, dtype, rel_err(got, want), 1e-5 if part == "dt" else tol,
+                tree=tree_name)
     # replay along the first root-to-leaf path of each tree
     plist = parents.tolist()
     paths = [root_to_leaf_paths(pl)[-1] for pl in plist]
@@ -421,9 +419,7 @@ def bench_layers(device, gen, dtype, mamba, sweep: bool, quick: bool, rows: list
 def bench_other_kernels(shape_name, shape, device, gen, dtype, sets, rows: list) -> None:
     from stree.kernels.decode_step_triton import conv_step_triton, ssd_step_triton
     from stree.kernels.replay_triton import replay_triton
-    from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton
     from stree.kernels.tree_conv_triton import tree_conv1d_triton
-    from stree.kernels.tree_tables import TreeTables
 
     h, p, s, g, k = shape["nheads"], shape["headdim"], shape["d_state"], shape["ngroups"], shape["d_conv"]
     c = h * p + 2 * g * s
@@ -453,19 +449,6 @@ def bench_other_kernels(shape_name, shape, device, gen, dtype, sets, rows: list)
         add("stree_replay", graphed_us([lambda i=i, a=a, x=x: replay_triton(
             i["ssm_state"], a, i["x"], i["dt"], i["A"], i["Bm"], x, path, plen) for i, a, x in zip(ins, cst, xb)]),
             n, f"binary-{n}-path{depth}")
-    for n in (5, 15):  # the fused tree pass, walking parents or reading the pass's tables; and building them
-        par = torch.tensor(complete_binary_parents(n), device=device)[None]
-        tables = TreeTables(par)
-        kw = dict(taps=tables.taps(k), anc=tables.anc)
-        xb = [torch.randn(1, n, c, device=device).to(dtype) for _ in range(sets)]
-        ins = [layer_inputs(shape, 1, n, dtype, device, gen) for _ in range(sets)]
-        dt_raw, dt_bias = torch.randn(1, n, h, device=device).to(dtype), torch.randn(h, device=device).to(dtype)
-        for impl, extra in (("stree_tree_conv_scan", {}), ("stree_tree_conv_scan_tables", kw)):
-            add(impl, graphed_us([lambda i=i, a=a, x=x, e=extra: tree_conv_scan_triton(
-                x, a, w, bias, par, dt_raw, dt_bias, (0.0, float("inf")), "silu", i["A"], i["D"], g, p,
-                i["ssm_state"], **e) for i, a, x in zip(ins, cst, xb)]), n, f"binary-{n}")
-        add("stree_tree_tables", graphed_us([lambda: (TreeTables(par).taps(k), TreeTables(par).anc)]), n,
-            f"binary-{n}")
 
 
 def bench_attention(device, gen, dtype, rows: list) -> None:

@@ -111,7 +111,6 @@ def test_fused_tree_conv_scan_matches_reference(dtype, tol, heads, headdim, d_st
     from stree.kernels.compare import rel_err
     from stree.kernels.tree_conv_scan import tree_conv_scan_ref
     from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton
-    from stree.kernels.tree_tables import TreeTables
 
     g = torch.Generator(device="cuda").manual_seed(heads + d_state)
     b, n, k = 3, 21, 4
@@ -124,13 +123,11 @@ def test_fused_tree_conv_scan_matches_reference(dtype, tol, heads, headdim, d_st
             -torch.exp(torch.rand(heads, device="cuda", generator=g) * 2.7), torch.randn(heads, device="cuda", generator=g),
             ngroups, headdim, torch.randn(b, heads, headdim, d_state, device="cuda", generator=g) * 0.5)
     want = tree_conv_scan_ref(*args)
-    tables = TreeTables(parents)
-    for kw in ({}, dict(taps=tables.taps(k), anc=tables.anc)):  # walking parents, then the pass's tables
-        outs = tuple(torch.full_like(w, float("nan")) for w in want)
-        tree_conv_scan_triton(*args, out=outs, max_fused_nodes=64, **kw)  # the kernel itself, past its routing
-        for got, ref in zip(outs, want):
-            assert torch.isfinite(got).all()
-            assert rel_err(got, ref) < (1e-5 if ref.dtype == torch.float32 and got is outs[2] else tol)
+    outs = tuple(torch.full_like(w, float("nan")) for w in want)
+    tree_conv_scan_triton(*args, out=outs, max_fused_nodes=64)  # the kernel itself, past its default routing
+    for got, ref in zip(outs, want):
+        assert torch.isfinite(got).all()
+        assert rel_err(got, ref) < (1e-5 if ref.dtype == torch.float32 and got is outs[2] else tol)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

@@ -11,11 +11,26 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from kernel_trees import conv_scan_inputs, padded_batch, rel_err  # noqa: E402
+from kernel_trees import padded_batch, rel_err  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
 from stree.kernels import backend, ops  # noqa: E402
 from stree.kernels.tree_conv_scan import tree_conv_scan_ref  # noqa: E402
 from stree.kernels.tree_conv_scan_triton import FUSED_MAX_NODES, tree_conv_scan_triton  # noqa: E402
+
+
+def _inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit):
+    """Random layer inputs; xBC and dt_raw are column slices of one wider tensor, as in_proj gives them."""
+    b, n = parents.shape
+    c = heads * headdim + 2 * groups * d_state
+    zxbcdt = torch.randn(b, n, 3 + c + heads, generator=gen)
+    return dict(
+        xBC=zxbcdt[..., 3:3 + c], conv_state=torch.randn(b, c, width - 1, generator=gen),
+        conv_w=torch.randn(c, width, generator=gen) * 0.6,
+        conv_b=torch.randn(c, generator=gen) if bias else None, parents=parents,
+        dt_raw=zxbcdt[..., 3 + c:] * 2, dt_bias=torch.randn(heads, generator=gen), dt_limit=dt_limit,
+        activation="silu", A=-torch.rand(heads, generator=gen) * 2 - 0.1, D=torch.randn(heads, generator=gen),
+        ngroups=groups, headdim=headdim, ssm_state=torch.randn(b, heads, headdim, d_state, generator=gen),
+    )
 
 
 def _check(args, **kw):
@@ -41,7 +56,7 @@ def _check(args, **kw):
 def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d_state, width, bias, dt_limit):
     """The fused kernel at every tile size it takes (routing by default stops at FUSED_MAX_NODES)."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    args = conv_scan_inputs(gen, padded_batch(specs, gen), heads, headdim, groups, d_state, width, bias, dt_limit)
+    args = _inputs(gen, padded_batch(specs, gen), heads, headdim, groups, d_state, width, bias, dt_limit)
     with count_launches() as c:
         _check(args, max_fused_nodes=64)
     assert c["triton._tree_conv_scan_kernel"] == 1
@@ -49,8 +64,7 @@ def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d
 
 def test_trees_over_the_fused_size_take_the_two_kernels_by_default():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    parents = padded_batch([("bushy", FUSED_MAX_NODES + 1)], gen)
-    args = conv_scan_inputs(gen, parents, 2, 8, 1, 8, 4, True, (0.0, 1.0))
+    args = _inputs(gen, padded_batch([("bushy", FUSED_MAX_NODES + 1)], gen), 2, 8, 1, 8, 4, True, (0.0, 1.0))
     with count_launches() as c:
         _check(args)
     assert c["triton._tree_conv_kernel"] == 1 and c["triton._tree_conv_scan_kernel"] == 0
@@ -59,7 +73,7 @@ def test_trees_over_the_fused_size_take_the_two_kernels_by_default():
 @pytest.mark.parametrize("specs,width", [([("bushy", 70)], 4), ([("deep", 12), ("star", 5)], 1)])
 def test_large_trees_and_width_one_take_the_two_unfused_kernels(specs, width):
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    args = conv_scan_inputs(gen, padded_batch(specs, gen), 2, 8, 1, 8, width, True, (0.0, float("inf")))
+    args = _inputs(gen, padded_batch(specs, gen), 2, 8, 1, 8, width, True, (0.0, float("inf")))
     with count_launches() as c:
         _check(args)
     assert c["triton._tree_conv_kernel"] == 1 and c["triton._tree_conv_scan_kernel"] == 0
@@ -67,7 +81,7 @@ def test_large_trees_and_width_one_take_the_two_unfused_kernels(specs, width):
 
 def test_ops_routing_and_unfused_activation():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    args = conv_scan_inputs(gen, padded_batch([("bushy", 6)], gen), 2, 8, 1, 8, 3, True, (0.0, float("inf")))
+    args = _inputs(gen, padded_batch([("bushy", 6)], gen), 2, 8, 1, 8, 3, True, (0.0, float("inf")))
     with pytest.raises(ValueError, match="activation"):
         tree_conv_scan_triton(**{**args, "activation": "identity"})
     backend.use("triton")

@@ -8,11 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stree import TokenTree, TreeBatch
-from stree.kernels import backend, tree_tables
 from stree.verifier.model.attention import AttnLayerState
-from stree.verifier.model.checkpoint import random_init_
-from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.mamba2_mixer import MambaLayerState
 
 from tree_strategies import token_trees
@@ -130,42 +126,3 @@ def test_tree_forward_leaves_state_untouched(models):
 def test_score_tree_rejects_tokens_outside_vocab(models):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         models["mamba2"].score_tree(torch.tensor([1, 2]), TokenTree.from_parents([1, 99], [-1, 0]))
-
-
-def _mixed_model(kind: str) -> StreeLM:
-    """A tiny parallel (attention beside Mamba2, conv width 2) or shared-block (attention before Mamba2) model."""
-    ssm, attn = dict(d_state=8, headdim=8), dict(num_heads=4, num_heads_kv=2, head_dim=8, rotary_emb_dim=8)
-    kw = (dict(n_layer=2, ssm_cfg=dict(d_conv=2, **ssm), attn_layer_idx=[0, 1], attn_cfg=attn, parallel_mamba=True)
-          if kind == "parallel" else dict(n_layer=2, ssm_cfg=ssm, hybrid_layer_idx=[1], attn_cfg=attn,
-                                          hybrid_mlp={"hidden": 40, "act": "gelu"}))
-    return random_init_(StreeLM(ModelConfig(d_model=32, vocab_size=64, **kw)), 7)
-
-
-@pytest.mark.parametrize("arch", ["mamba2", "parallel", "shared"])  # each way a mixer reaches the Mamba2 tree
-def test_tree_forward_through_kernels_with_tables_equals_the_reference(models, arch, monkeypatch):
-    """One pass builds the tables once (for the kernels only) and its logits and replay activations are unchanged."""
-    pytest.importorskip("triton")
-    model = models[arch] if arch in models else _mixed_model(arch)
-    g = torch.Generator().manual_seed(3)
-    trees = TreeBatch.from_trees([TokenTree.from_parents(torch.randint(0, 64, (n,), generator=g).tolist(),
-                                                         [-1] + [int(torch.randint(0, i, (1,), generator=g))
-                                                                 for i in range(1, n)]) for n in (9, 4)])
-    state = model.new_state(2, 32)
-    model.prefill(torch.randint(0, 64, (2, 5), generator=g), state)
-    builds = []
-    for name in ("conv_taps", "kernel_ancestor_mask"):
-        fn = getattr(tree_tables, name)
-        monkeypatch.setattr(tree_tables, name, lambda *a, fn=fn, name=name: builds.append(name) or fn(*a))
-    outs = []
-    try:
-        for which in ("torch", "triton"):
-            backend.use(which)
-            outs.append(model.tree_forward(trees, state))
-            assert sorted(builds) == ([] if which == "torch" else ["conv_taps", "kernel_ancestor_mask"])
-    finally:
-        backend.use(None)
-    (want, want_acts), (got, got_acts) = outs
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    for a, w in zip(got_acts.layers, want_acts.layers):
-        for name in ("x", "dt", "Bm") if w is not None else ():
-            torch.testing.assert_close(getattr(a, name), getattr(w, name), atol=1e-4, rtol=1e-4)

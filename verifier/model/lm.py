@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from stree.kernels import ops
 from stree.kernels.backend import capturing
-from stree.kernels.tree_tables import TreeTables
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
@@ -329,7 +328,6 @@ class StreeLM(WeightsHome, nn.Module):
         trees = trees.to(self.device)
         self._check_ids(trees.tokens)
         parents, depth = trees.parents, trees.depth
-        tables = TreeTables(parents)  # conv taps and ancestor mask for the Mamba kernels, built once for all layers
         anc = None
         if any(b.is_attention for b in self.backbone.layers):
             anc = anc_mask.to(self.device) if anc_mask is not None else ancestor_mask(parents)
@@ -337,7 +335,7 @@ class StreeLM(WeightsHome, nn.Module):
         acts: list = []
 
         def mamba_mix(h, b, s):
-            y, a = b.mixer.tree(h, s, parents, tables)
+            y, a = b.mixer.tree(h, s, parents)
             acts.append(a)
             return y
 
@@ -346,12 +344,12 @@ class StreeLM(WeightsHome, nn.Module):
             return b.mixer.tree(h, s, seqlen, depth, anc)
 
         def parallel_mix(h, b, s):
-            y, a = b.mixer.tree(h, s, seqlen, depth, anc, parents, tables)
+            y, a = b.mixer.tree(h, s, seqlen, depth, anc, parents)
             acts.append(a)
             return y
 
         def hybrid_mix(h, e, b, s):
-            y, a = b.mixer.tree(h, e, s, seqlen, depth, anc, parents, tables)
+            y, a = b.mixer.tree(h, e, s, seqlen, depth, anc, parents)
             acts.append(a)
             return y
 

@@ -170,15 +170,12 @@ class Mamba2Mixer(nn.Module):
                            getattr(self, "activation", "silu"))
         return self._gate_out(y, z, z0, x0)
 
-    def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor, tables=None):
-        """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed.
-
-        ``tables`` (optional): the tree pass's ``TreeTables`` of ``parents``, shared by all its layers.
-        """
+    def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor):
+        """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
                                         self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"), self._A(),
-                                        self._D(), self.ngroups, self.headdim, state.ssm_state, tables)
+                                        self._D(), self.ngroups, self.headdim, state.ssm_state)
         x, Bm, _ = self._split_xbc(xbc)
         return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=xBC)
 

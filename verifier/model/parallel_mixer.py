@@ -49,9 +49,9 @@ class ParallelMixer(nn.Module):
     def step(self, u, state: ParallelLayerState, seqlen: torch.Tensor) -> torch.Tensor:
         return self.mamba.step(u, state) + self.attn.step(u, state, seqlen)
 
-    def tree(self, u, state: ParallelLayerState, seqlen, depth, anc_mask, parents, tables=None):
+    def tree(self, u, state: ParallelLayerState, seqlen, depth, anc_mask, parents):
         """Every node of a tree batch; returns the summed output and the Mamba half's replay activations."""
-        y, acts = self.mamba.tree(u, state, parents, tables)
+        y, acts = self.mamba.tree(u, state, parents)
         return y + self.attn.tree(u, state, seqlen, depth, anc_mask), acts
 
     def commit(self, state: ParallelLayerState, acts: MambaTreeActs, seqlen, path, path_len) -> None:

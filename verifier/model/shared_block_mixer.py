@@ -72,10 +72,10 @@ class SharedBlockMixer(nn.Module):
         a = self.attn.step(self._attn_in(h, emb), state, seqlen)
         return self.mamba.step(self._mamba_in(h, a), state)
 
-    def tree(self, h, emb, state: ParallelLayerState, seqlen, depth, anc_mask, parents, tables=None):
+    def tree(self, h, emb, state: ParallelLayerState, seqlen, depth, anc_mask, parents):
         """Every node of a tree batch; returns the Mamba2 output and its replay activations."""
         a = self.attn.tree(self._attn_in(h, emb), state, seqlen, depth, anc_mask)
-        return self.mamba.tree(self._mamba_in(h, a), state, parents, tables)
+        return self.mamba.tree(self._mamba_in(h, a), state, parents)
 
     def commit(self, state: ParallelLayerState, acts: MambaTreeActs, seqlen, path, path_len) -> None:
         self.mamba.commit(state, acts, path, path_len)
