@@ -383,9 +383,10 @@ class Engine:
 
     def _plain_step(self, any_sampled: bool, feed: bool):
         logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
-        if self.lazy and feed:  # the drafter is fed these tokens later, all at once (catch_up)
-            self.backlog.scatter_(1, self.backlog_len.clamp(max=CATCH_UP - 1)[:, None], self.roots[:, None])
-            self.backlog_len += 1
+        if self.lazy:  # fed these tokens later, all at once (catch_up), or refreshed when it went stale
+            if feed:
+                self.backlog.scatter_(1, self.backlog_len.clamp(max=CATCH_UP - 1)[:, None], self.roots[:, None])
+                self.backlog_len += 1
         elif self.drafter is not None:
             self.drafter.step_roots(self.roots)
             if self.observes:
