@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta, report
 from stree.verifier.model.batch_prefill import prefill_contexts
+from stree.verifier.decode.loop import engine_room
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.graphed_prefill import PrefillRunner
 
@@ -38,8 +39,7 @@ def rows_for(name: str, model, args) -> list[dict]:
     for rows in args.rows:
         for length in args.lengths:
             contexts = [torch.randint(0, model.vocab_size, (length,), generator=gen).tolist() for _ in range(rows)]
-            room = -(-(length + 1) // 1024) * 1024  # as the engine rounds its room per sequence
-            runner = PrefillRunner(model, rows, room, chunk=args.chunk)
+            runner = PrefillRunner(model, rows, engine_room(length + 1), chunk=args.chunk)
             graphed = _wall_ms(lambda: runner.run(contexts, lambda *_: None), args.reps)
             eager = _wall_ms(lambda: prefill_contexts(model, contexts, args.chunk), args.reps)
             out.append(dict(model=name, rows=rows, context=length, eager_ms=eager, graphed_ms=graphed,

@@ -195,6 +195,7 @@ class Engine:
         self.graphs: dict = {}
         self.graphs_failed = False
         self.metrics = collections.Counter()
+        self._metric_names: dict = {}
         self.step_host_s: list[float] = []
         self.forced_shapes: Optional[list] = None  # warm_up cycles through these instead of choosing
         self._forced_at = 0
@@ -305,11 +306,10 @@ class Engine:
         if not joining:
             return
         t0 = time.perf_counter()
-        slot_of = {j: free[j] for j in range(len(joining))}
-        hidden: dict = {}
+        hidden: dict = {}  # joining request j takes slot free[j]
 
         def deliver(index, first, hid):
-            self.state.assign_rows([slot_of[j] for j in index], self.prefiller.scratch.rows(len(index), first))
+            self.state.assign_rows([free[j] for j in index], self.prefiller.scratch.rows(len(index), first))
             if self.observes:
                 for k, j in enumerate(index):
                     hidden[j] = hid[k].clone()
@@ -318,7 +318,7 @@ class Engine:
                                   keep_going=lambda: any(not r.done for r in joining)):
             return  # every one of them was cancelled during the prefill: the slots stay free
         picked = [j for j, r in enumerate(joining) if not r.done]  # cancelled mid-prefill: dropped
-        slots = [slot_of[j] for j in picked]
+        slots = [free[j] for j in picked]
         admitted = [joining[j] for j in picked]
         if self.drafter is not None and not self.defer_drafter:
             self.drafter.prefill_slots(slots, [r.prompt_ids[:-1] for r in admitted])
@@ -639,8 +639,9 @@ class Engine:
         self.metrics["waited_s"] += t1 - t0
         seconds = step.timer[0] if len(step.timer) == 1 else step.timer[0].elapsed_time(step.timer[1]) / 1e3
         self.metrics["gpu_s"] += seconds
-        self.metrics[f"steps:{step.shape}"] += 1  # per shape: where a goodput-controlled run spends its time
-        self.metrics[f"gpu_s:{step.shape}"] += seconds
+        steps_key, gpu_key = self._shape_metrics(step.shape)  # per shape: where a goodput run spends its time
+        self.metrics[steps_key] += 1
+        self.metrics[gpu_key] += seconds
         # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
         # a step that first refreshed a stale drafter is charged for it: leaving plain decoding for a
@@ -648,6 +649,13 @@ class Engine:
         if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds + step.refresh_s)
         return out
+
+    def _shape_metrics(self, shape: TreeShape) -> tuple[str, str]:
+        """The metric names of ``shape``'s step count and GPU seconds (formatted once per shape, not per step)."""
+        names = self._metric_names.get(shape)
+        if names is None:
+            names = self._metric_names[shape] = (f"steps:{shape}", f"gpu_s:{shape}")
+        return names
 
     # ----- host drafters ----------------------------------------------------------------------------
     def _stage_host_trees(self, any_sampled: bool):
@@ -732,12 +740,10 @@ class Engine:
         scratch then)."""
         if self.has_work:
             return
-        runners = [self.prefiller] + ([self.drafter.prefiller] if hasattr(self.drafter, "prefiller") else [])
-        for runner in runners:
-            for rows, width in runner.buckets():
-                if width <= runner.max_seqlen:
-                    runner.run([[0] * width] * rows, lambda *_: None)
-        if self.drafter is not None and not hasattr(self.drafter, "prefiller"):
+        self.prefiller.warm_up()
+        if hasattr(self.drafter, "prefiller"):
+            self.drafter.prefiller.warm_up()
+        elif self.drafter is not None:
             for width in prefill_buckets(self.prefill_chunk):
                 self.drafter.prefill_slots([0], [[0] * width])
 

@@ -305,6 +305,11 @@ def generate(
     return results[0] if single else results
 
 
+def engine_room(tokens: int) -> int:
+    """The room per sequence an engine gets for ``tokens``: rounded up to a multiple of 1024 (see ``engine_for``)."""
+    return -(-tokens // 1024) * 1024
+
+
 def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_graphs, budget) -> Engine:
     """The model's cached engine for this drafter and these shapes (its CUDA graphs are reused across calls).
 
@@ -312,7 +317,7 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
     call needs serves it: prompts of mixed lengths must not rebuild the engine (and recapture every
     graph) each time they cross a multiple of 1024. A longer call replaces it with a larger one.
     """
-    room = -(-max_seqlen // 1024) * 1024
+    room = engine_room(max_seqlen)
     owner = id(drafter) if drafter not in (None, "host") else drafter  # one engine per device drafter: it owns its state
     config = (tuple(str(s) for s in shapes), max_batch, cuda_graphs, budget)
     cache = model.__dict__.setdefault("_stree_engines", {})
@@ -327,7 +332,7 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
         cache.pop(next(iter(cache)))
     engine = Engine(model, drafter, shapes, max_batch=max_batch, max_seqlen=room, cuda_graphs=cuda_graphs,
                     goodput=len(shapes) > 1, budget=budget)
-    if engine.cuda:  # compile the prefill kernels for every width bucket now, not during some request
+    if engine.cuda:  # compile the prefill kernels and capture every prefill bucket now, not during some request
         engine.warm_up_prefill()
     cache[owner] = (config, engine, room)
     return engine

@@ -67,7 +67,7 @@ class PrefillRunner:
         return min(self.max_rows, next_power_of_two(rows)) if self.pad_rows else rows
 
     def buckets(self) -> list[tuple[int, int]]:
-        """Every (rows, width) a pass can run at: what ``capture_all`` captures."""
+        """Every (rows, width) a pass can run at: what ``warm_up`` runs once."""
         rows = sorted({self.rows_bucket(r) for r in range(1, self.max_rows + 1)})
         return [(r, w) for r in rows for w in prefill_buckets(self.chunk)]
 
@@ -122,15 +122,12 @@ class PrefillRunner:
             for t, s in zip(self._recurrent(state), saved):
                 t.copy_(s)
 
-    def capture_all(self) -> int:
-        """Capture every bucket's graph now (server warm-up), so no admission waits on a capture; returns the count."""
-        if not self.use_graphs:
-            return 0
+    def warm_up(self) -> None:
+        """One pass at every (rows, width) bucket that fits: every kernel compiled and, with graphs, every
+        graph captured now, so that no admission waits on either."""
         for rows, width in self.buckets():
-            self.lens[:rows].fill_(1)
-            self._reset(rows)
-            self._pass(rows, width)
-        return len(self.graphs)
+            if width <= self.max_seqlen:
+                self.run([[0] * width] * rows, lambda *_: None)
 
     # ----- whole contexts ---------------------------------------------------------------------------
     def run(self, contexts: Sequence[Sequence[int]], deliver: Deliver,
