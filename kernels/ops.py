@@ -61,17 +61,18 @@ def tree_conv1d(xBC, conv_state, weight, bias, parents):
 
 
 def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-                   headdim, ssm_state):
+                   headdim, ssm_state, is_chain: bool = False):
     """The tree pass between in_proj and the gated norm (conv + activation, dt, tree scan) in one launch:
     ``(y [B, N, H, P], xbc [B, N, C] post-conv, dt [B, N, H] float32)``.
 
-    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference.
+    The fused kernel takes SiLU and conv width >= 2; anything else runs the reference. ``is_chain``
+    (every row of ``parents`` is ``i - 1``) lets the kernel skip the parent walk; the reference reads ``parents``.
     """
     op = get("tree_conv_scan", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
         op = _load(_OPS["tree_conv_scan"][0])
     return op(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-              headdim, ssm_state)
+              headdim, ssm_state, is_chain=is_chain)
 
 
 def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):

@@ -23,12 +23,12 @@ def split_xbc(xbc: torch.Tensor, ngroups: int, headdim: int, d_state: int):
 
 
 def tree_conv_scan_ref(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
-                       A, D, ngroups: int, headdim: int, ssm_state):
+                       A, D, ngroups: int, headdim: int, ssm_state, is_chain: bool = False):
     """``(y [B, N, H, P] in xBC's dtype, xbc [B, N, C] post-conv activations, dt [B, N, H] float32)``.
 
     ``xBC`` ``[B, N, C]`` holds the pre-conv x, B, C channels of every node (``C = H P + 2 G S``),
     ``conv_state`` ``[B, C, K-1]`` and ``ssm_state`` ``[B, H, P, S]`` the committed states (read only),
-    ``D`` ``[H]`` the per-head skip.
+    ``D`` ``[H]`` the per-head skip. ``is_chain`` is the kernel's hint; the reference always reads ``parents``.
     """
     xbc, dt = tree_conv_dt_ref(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation)
     x, Bm, Cm = split_xbc(xbc, ngroups, headdim, ssm_state.shape[-1])

@@ -61,7 +61,8 @@ class DeviceDrafter(Protocol):
         ...
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """Trees rooted at ``roots`` (``[B]``), laid out as ``shape``; sampled rows draw their children."""
+        """Trees rooted at ``roots`` (``[B]``), laid out as ``shape`` (a chain or static shape with its
+        ``static_parents``: the verifier's kernels rely on it); sampled rows draw their children."""
         ...
 
     def commit(self, path: torch.Tensor, path_len: torch.Tensor) -> None:

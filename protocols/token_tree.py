@@ -460,6 +460,7 @@ class TreeBatch:
     parents: torch.Tensor  # [B, N] long, parents[:, 0] == -1
     depth: torch.Tensor  # [B, N] long
     num_nodes: torch.Tensor  # [B] long
+    is_chain: bool = False  # every row is the chain parents[i] = i - 1 (kernels then skip the parent walk)
 
     @classmethod
     def from_trees(cls, trees: Sequence[TokenTree], pad_to: Optional[int] = None) -> "TreeBatch":
@@ -515,4 +516,5 @@ class TreeBatch:
             parents=self.parents.to(device),
             depth=self.depth.to(device),
             num_nodes=self.num_nodes.to(device),
+            is_chain=self.is_chain,
         )

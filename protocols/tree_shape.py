@@ -107,6 +107,11 @@ class TreeShape:
             n += size
         return starts
 
+    @property
+    def is_chain(self) -> bool:
+        """Whether the layout is one chain (``parents[i] = i - 1``), which tree kernels handle without a parent walk."""
+        return self.kind in ("chain", "static") and all(w == 1 for w in self.widths)
+
     def static_parents(self) -> list[int]:
         """Parent of every node of a chain/static layout (children grouped by parent, in order)."""
         if self.kind not in ("chain", "static", "none"):

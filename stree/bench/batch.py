@@ -3,8 +3,9 @@
 Two targets: the trained demo pair with its real draft model (HumanEval prompts; ``plain``,
 ``auto`` = goodput choice among plain/chains/trees, and a fixed tree), and, on a GPU, the
 Mamba2-2.7B shape with random weights and the device oracle drafter (right for exactly tau-1
-levels of the target's own output; see ``settle_oracle``), beside mamba_ssm's graphed decode at the
-same batch size. Every run is timed after
+levels of the target's own output, written by ``SelfOracleDrafter`` on the oracle's tree so that it
+holds in bf16 too; ``auto`` rows use plain greedy output, see ``settle_oracle``), beside mamba_ssm's
+graphed decode at the same batch size. Every run is timed after
 a warm-up run of the same shape (graph captures happen there); the host time per step is the
 engine's launch + bookkeeping time, excluding waits for the GPU.
 """
@@ -21,6 +22,7 @@ from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device
 from stree.bench.oracle import SHAPES, make_target
 from stree.bench.prompt_sets import load_prompt_set
 from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.checkpoint import load_model
@@ -123,7 +125,14 @@ def oracle_rows(args, device, dtype) -> list[dict]:
                          speedup_vs_mamba_ssm=plain["decode_tokens_per_s"] / ref_tps if ref_tps else None))
         for name, shapes in trees.items():
             oracle = OracleDeviceDrafter(shape["vocab_size"], k, shapes, device)
-            rounds = settle_oracle(model, prompts, conts, oracle, b, args.oracle_settle_rounds)
+            if len(shapes) == 1:  # one tree: the target drafting for itself on it writes the continuation
+                made = generate(model, prompts, drafter=SelfOracleDrafter(model, shapes[0], k),
+                                max_new_tokens=n + k + 1, max_batch=b)
+                for p, o in zip(prompts, made):
+                    oracle.set_continuation(p, o.token_ids)
+                rounds = 0
+            else:  # auto mixes plain steps and trees: no one continuation fits every choice in bf16
+                rounds = settle_oracle(model, prompts, conts, oracle, b, args.oracle_settle_rounds)
             spec = timed(model, prompts, oracle, b, n, 0.0)
             outs = spec.pop("outputs")
             spec["decode_tokens_per_s"] = decode_rate(spec)
@@ -137,7 +146,8 @@ def oracle_rows(args, device, dtype) -> list[dict]:
 
 
 def settle_oracle(model, prompts, conts, oracle, batch: int, rounds: int) -> int:
-    """Register ``conts`` with the oracle, then let it follow what the speculative run itself generates.
+    """Register ``conts`` with the oracle, then let it follow what the speculative run itself generates
+    (the ``auto`` rows only: a fixed tree gets its continuation from ``SelfOracleDrafter``).
 
     In bf16 a tree pass and a one-token step round differently, so near-ties can make the speculative
     output leave plain decoding's continuation; the oracle would then be wrong from there on. Each
@@ -204,7 +214,8 @@ def add_parser(sub) -> None:
                    help="the random target's dtype on a GPU (fp32: no bf16 near-ties between tree pass and step)")
     p.add_argument("--oracle-tree", default="static:2,2,1,1", help="the oracle's tree besides the chain")
     p.add_argument("--oracle-settle-rounds", type=int, default=4,
-                   help="rounds letting the oracle follow the speculative run's own bf16 output (see settle_oracle)")
+                   help="auto rows: rounds letting the oracle follow the speculative run's own bf16 output "
+                        "(see settle_oracle)")
     p.add_argument("--oracle-prompt-len", type=int, default=64)
     p.add_argument("--oracle-new-tokens", type=int, default=128)
     add_device_args(p, "float32")

@@ -72,3 +72,17 @@ def test_oracle_bench_reaches_each_tau(tmp_path):
     for r in spec:
         assert r["output_equals_plain_greedy"] is True
         assert r["tau"] == pytest.approx(r["target_tau"], abs=0.2)
+
+
+def test_batch_bench_oracle_rows_follow_their_continuation_at_exactly_tau(tmp_path):
+    """``stree bench batch --oracle-shape``: each fixed tree's oracle follows the continuation its self-oracle
+    run wrote, step after step (tau exactly 4), at every batch size."""
+    out = tmp_path / "batch.json"
+    assert main(["bench", "batch", "--skip-pair", "--oracle-shape", "tiny", "--oracle-dtype", "float32",
+                 "--batch-sizes", "1,2", "--oracle-new-tokens", "16", "--oracle-prompt-len", "8", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    fixed = [r for r in rows if r["method"] in ("oracle-chain", "oracle-static:2,2,1,1")]
+    assert len(fixed) == 4
+    for r in fixed:
+        assert r["followed_continuation"] == 1.0 and r["tau"] == pytest.approx(4.0), r

@@ -110,3 +110,45 @@ def test_device_oracle_refuses_what_it_cannot_lay_out():
         OracleDeviceDrafter(50, 3, "chain:3", "cpu")
     with pytest.raises(ValueError, match="no continuation registered"):
         OracleDeviceDrafter(50, 1, "chain:2", "cpu").open([1, 2], SamplingParams())
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+@pytest.mark.parametrize("k, shape", [(2, "chain:3"), (1, "static:2,2,1")])
+def test_self_oracle_output_is_a_continuation_the_device_oracle_follows_at_exactly_tau(models, arch, k, shape):
+    """The target drafting for itself is lossless and accepts k + 1 per step; an oracle holding its output
+    accepts k + 1 per step on the same shape and batch."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+    from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
+
+    target = models[arch]
+    prompts = [[3, 1, 4], [9, 2, 6, 5, 3, 5]]
+    n, tau = 12, k + 1
+    plain = [r.token_ids for r in generate(target, prompts, max_new_tokens=n + tau)]
+    made = generate(target, prompts, drafter=SelfOracleDrafter(target, shape, k), max_new_tokens=n + tau, max_batch=2)
+    assert [o.token_ids for o in made] == plain
+    assert [o.stats["steps"] for o in made] == [-(-(n + tau) // tau)] * 2
+    oracle = OracleDeviceDrafter(target.vocab_size, k, shape, target.device)
+    for p, o in zip(prompts, made):
+        oracle.set_continuation(p, o.token_ids)
+    outs = generate(target, prompts, drafter=oracle, max_new_tokens=n, max_batch=2)
+    assert [o.token_ids for o in outs] == [c[:n] for c in plain]
+    assert [o.stats["steps"] for o in outs] == [-(-n // tau)] * 2
+
+
+def test_self_oracle_refuses_what_it_cannot_do(models):
+    import torch
+
+    from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
+    from stree.protocols.sampling import RowSampling, SamplingParams
+
+    target = models["mamba2"]
+    with pytest.raises(ValueError, match="chain or static"):
+        SelfOracleDrafter(target, "beam:3x2", 1)
+    with pytest.raises(ValueError, match="correct_depth 3"):
+        SelfOracleDrafter(target, "chain:3", 3)
+    drafter = SelfOracleDrafter(target, "chain:3", 1)
+    drafter.new_slots(1, 16)
+    with pytest.raises(ValueError, match="greedy"):
+        sampling = RowSampling.greedy(1, target.device)
+        sampling.set_row(0, SamplingParams(temperature=1.0))
+        drafter.draft(drafter.tree, torch.tensor([3]), sampling, any_sampled=True)

@@ -86,10 +86,12 @@ def test_graphed_static_draft_equals_eager_static_draft(gpu_models, spec, temper
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_row_padded_linear_matches_cublas(dtype, tol):
-    """ops.linear (row padding chosen by timing) equals F.linear on fresh inputs at every few-row count,
-    and remembers its choice per (rows, weight shape, dtype)."""
+    """ops.linear (row padding or the Triton kernel, chosen by timing) equals F.linear on fresh inputs at
+    every few-row count, and remembers its choice per (rows, weight shape, dtype); so does the Triton
+    kernel called directly."""
     from stree.kernels import ops
-    from stree.kernels.linear import PAD_ROWS, row_choices
+    from stree.kernels.linear import PAD_ROWS, TRITON, row_choices
+    from stree.kernels.linear_rows_triton import linear_rows_triton
 
     g = torch.Generator(device="cuda").manual_seed(11)
     for k, n in ((256, 1160), (512, 256)):
@@ -100,8 +102,10 @@ def test_row_padded_linear_matches_cublas(dtype, tol):
             with torch.no_grad():
                 got = ops.linear(x, w, b)
             torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=tol, rtol=tol)
+            torch.testing.assert_close(linear_rows_triton(x, w, b), torch.nn.functional.linear(x, w, b),
+                                       atol=tol, rtol=tol)
             if 1 < m < PAD_ROWS[-1]:
-                assert row_choices()[(m, (n, k), str(dtype).removeprefix("torch."))] in (m,) + PAD_ROWS
+                assert row_choices()[(m, (n, k), str(dtype).removeprefix("torch."))] in (m,) + PAD_ROWS + (TRITON,)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

@@ -606,3 +606,20 @@ def test_fuzz_from_sequences(root, sequences):
         paths = {tuple(out.path_tokens(i)[1:]) for i in range(out.num_nodes)}
         for seq in sequences:
             assert tuple(int(x) for x in (seq.tolist() if hasattr(seq, "tolist") else seq)) in paths
+
+
+@pytest.mark.parametrize("spec,chain", [("chain:4", True), ("static:1,1,1", True), ("static:3,1,1", False),
+                                        ("beam:4x3", False), ("none", False), ("dynamic:16", False)])
+def test_tree_shape_is_chain_iff_its_layout_is_one_chain(spec, chain):
+    from stree.protocols.tree_shape import TreeShape
+
+    shape = TreeShape.parse(spec)
+    assert shape.is_chain == chain
+    if chain:
+        assert shape.static_parents() == list(range(-1, shape.num_nodes - 1))
+
+
+def test_tree_batch_keeps_its_chain_hint_across_devices():
+    t = torch.zeros(1, 3, dtype=torch.long)
+    batch = TreeBatch(t, torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([3]), is_chain=True)
+    assert batch.to("cpu").is_chain and not TreeBatch(t, t, t, torch.tensor([3])).is_chain

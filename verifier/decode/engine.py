@@ -351,8 +351,8 @@ class Engine:
 
     # ----- the step (device code) -----------------------------------------------------------------
     def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int,
-                       any_sampled: bool):
-        trees = TreeBatch(tokens, parents, depth, count)
+                       any_sampled: bool, is_chain: bool = False):
+        trees = TreeBatch(tokens, parents, depth, count, is_chain)
         with record_function("stree.target_tree_pass"):
             logits, acts, hidden = self.model.tree_forward(trees, self.state, return_hidden=True)
         with record_function("stree.verify"):
@@ -402,7 +402,8 @@ class Engine:
         depth, count, valid = self._layout(shape)
         res = self._verify_commit(draft.tokens, draft.parents, depth, count, valid,
                                   draft.q if any_sampled else None, draft.mode if any_sampled else
-                                  DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width, any_sampled)
+                                  DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width, any_sampled,
+                                  shape.is_chain)
         with record_function("stree.draft_commit"):
             self.drafter.commit(res.path, res.path_len)
         self._finish_step(res)

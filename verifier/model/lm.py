@@ -335,7 +335,7 @@ class StreeLM(WeightsHome, nn.Module):
         acts: list = []
 
         def mamba_mix(h, b, s):
-            y, a = b.mixer.tree(h, s, parents)
+            y, a = b.mixer.tree(h, s, parents, is_chain=trees.is_chain)
             acts.append(a)
             return y
 

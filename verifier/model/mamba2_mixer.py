@@ -170,12 +170,13 @@ class Mamba2Mixer(nn.Module):
                            getattr(self, "activation", "silu"))
         return self._gate_out(y, z, z0, x0)
 
-    def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor):
-        """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed."""
+    def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor, is_chain: bool = False):
+        """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed.
+        ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
                                         self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"), self._A(),
-                                        self._D(), self.ngroups, self.headdim, state.ssm_state)
+                                        self._D(), self.ngroups, self.headdim, state.ssm_state, is_chain=is_chain)
         x, Bm, _ = self._split_xbc(xbc)
         return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=xBC)
 

@@ -80,7 +80,7 @@ class DeviceTreeDrafter:
 
     # ----- one draft ----------------------------------------------------------------------------
     def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):
-        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes)
+        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
         logits, acts = self.model.tree_forward(trees, self.state)
         if self.head is not None:
             logits = self.head.mask(logits)
@@ -162,7 +162,7 @@ class DeviceTreeDrafter:
             self._layout[("catch_up", n)] = ((chain - 1).expand(b, n).contiguous(), chain.expand(b, n).contiguous(),
                                              torch.full((b,), n, dtype=torch.long, device=backlog.device))
         parents, path, num_nodes = self._layout[("catch_up", n)]
-        _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes), self.state)
+        _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes, is_chain=True), self.state)
         self.model.commit(self.state, acts, path, count, min_len=0)
 
 
