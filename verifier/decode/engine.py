@@ -645,10 +645,9 @@ class Engine:
         self.metrics[gpu_key] += seconds
         # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
-        # a step that first refreshed a stale drafter is charged for it: leaving plain decoding for a
-        # draft costs that much more, so goodput control switches only where the draft earns it back
+        # a step that first refreshed a stale drafter is charged part of it (GoodputController.observe)
         if self.goodput is not None and accepted and step.measured:
-            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds + step.refresh_s)
+            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s)
         return out
 
     def _shape_metrics(self, shape: TreeShape) -> tuple[str, str]:

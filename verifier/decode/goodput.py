@@ -9,8 +9,11 @@ come in bursts: when one shape is due, every shape at least half-way to its own 
 the steps right after it, since they share one refresh of the engine's stale drafter slots. The
 controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
 noise of each other would otherwise alternate, and leaving plain decoding for a draft can cost such
-a refresh. Costs are measured, not modelled: CUDA-event time per graph replay on the GPU, wall time
-on the CPU.
+a refresh. A step that first refreshed the drafter is charged ``1 / refresh_steps`` of the refresh:
+a switch that wins holds for at least a retry interval, so charging it whole to one step (as
+before) made a draft that pays only a few percent per step look many times slower than it is, and
+the controller never left plain decoding for it. Costs are measured, not modelled: CUDA-event time
+per graph replay on the GPU, wall time on the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class GoodputController:
     """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample."""
 
     def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256,
-                 max_retry_every: int = 4096, hysteresis: float = 0.05):
+                 max_retry_every: int = 4096, hysteresis: float = 0.05, refresh_steps: int = 32):
         if not shapes:
             raise ValueError("the goodput controller needs at least one shape")
         self.shapes = list(shapes)
@@ -44,6 +47,7 @@ class GoodputController:
         # optimistic start: a tree of depth D may emit up to D + 1 tokens; every shape is tried early
         self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every) for s in self.shapes}
         self.hysteresis = hysteresis
+        self.refresh_steps = refresh_steps
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
@@ -75,8 +79,10 @@ class GoodputController:
         self.current = best
         return best
 
-    def observe(self, shape: TreeShape, tau: float, seconds: float) -> None:
-        """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``."""
+    def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
+        """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
+        refresh of ``refresh_s`` (charged in part, see the module docstring)."""
+        seconds += refresh_s / self.refresh_steps
         r = self.stats[shape]
         if r.seen == 0:
             r.tau, r.cost = tau, seconds
