@@ -17,7 +17,7 @@ def _run(ctl: GoodputController, steps: int, cost: dict, tau: dict) -> list[str]
 
 def test_losing_retries_back_off_and_a_winning_one_resets():
     plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
-    ctl = GoodputController([plain, chain], retry_every=8, max_retry_every=32)
+    ctl = GoodputController([plain, chain], retry_every=8, max_retry_every=32, min_samples=1)
     cost, tau = {"none": 1.0, "chain:3": 4.0}, {"none": 1.0, "chain:3": 2.0}  # chain: 0.5 tok/s vs 1
     chosen = _run(ctl, 200, cost, tau)
     retries = [i for i, s in enumerate(chosen) if s == "chain:3"]
@@ -32,17 +32,20 @@ def test_losing_retries_back_off_and_a_winning_one_resets():
 
 def test_every_shape_is_measured_before_the_numbers_are_trusted():
     shapes = [TreeShape.parse(s) for s in ("none", "chain:1", "static:2,1")]
-    ctl = GoodputController(shapes)
+    ctl = GoodputController(shapes, min_samples=3)
     first = [str(ctl.choose()) for _ in range(3)]
     assert first == ["none", "none", "none"]  # nothing observed yet: the first unmeasured shape again
     for s in shapes:
-        ctl.observe(s, 1.0 + s.max_depth, 1.0)
+        for tau in (0.5, 1.0 + s.max_depth, 1.5 + 2 * s.max_depth):  # mean: 1 + s.max_depth
+            assert ctl.choose() == s  # each shape is measured min_samples times in turn
+            ctl.observe(s, tau, 1.0)
+        assert ctl.stats[s].tau == 1.0 + s.max_depth
     assert str(ctl.choose()) == "static:2,1"  # 3 tokens per second against 2 and 1
 
 
 def test_a_shape_within_the_hysteresis_does_not_take_over():
     plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
-    ctl = GoodputController([plain, chain], retry_every=10_000, hysteresis=0.05)
+    ctl = GoodputController([plain, chain], retry_every=10_000, hysteresis=0.05, min_samples=1)
     ctl.observe(plain, 1.0, 1.0)
     ctl.observe(chain, 1.03, 1.0)
     assert ctl.choose() == chain  # nothing current yet: the best
@@ -55,7 +58,7 @@ def test_a_shape_within_the_hysteresis_does_not_take_over():
 def test_retries_due_about_together_run_in_one_burst():
     """Shapes half-way to their retry are retried right after the one that is due: one drafter refresh."""
     shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
-    ctl = GoodputController(shapes, retry_every=20)
+    ctl = GoodputController(shapes, retry_every=20, min_samples=1)
     cost, tau = {"none": 1.0, "chain:2": 4.0, "chain:4": 4.0}, {"none": 1.0, "chain:2": 2.0, "chain:4": 2.0}
     chosen = _run(ctl, 80, cost, tau)
     retried = [i for i, x in enumerate(chosen) if x != "none"]
@@ -67,11 +70,11 @@ def test_a_refresh_is_charged_in_part_so_a_draft_that_wins_per_step_takes_over()
     """A draft 1.5x faster per step whose first step refreshed the drafter (20x a step) still takes over:
     the refresh is charged 1/refresh_steps; charged whole, that first sample would bury it."""
     plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
-    ctl = GoodputController([plain, chain], retry_every=10_000, refresh_steps=32)
+    ctl = GoodputController([plain, chain], retry_every=10_000, refresh_steps=32, min_samples=1)
     ctl.observe(plain, 1.0, 1.0)
     ctl.observe(chain, 3.0, 2.0, refresh_s=20.0)
     assert ctl.stats[chain].cost == 2.0 + 20.0 / 32 and ctl.choose() == chain
-    whole = GoodputController([plain, chain], retry_every=10_000, refresh_steps=1)
+    whole = GoodputController([plain, chain], retry_every=10_000, refresh_steps=1, min_samples=1)
     whole.observe(plain, 1.0, 1.0)
     whole.observe(chain, 3.0, 2.0, refresh_s=20.0)
     assert whole.choose() == plain
