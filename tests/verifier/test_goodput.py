@@ -78,3 +78,22 @@ def test_a_refresh_is_charged_in_part_so_a_draft_that_wins_per_step_takes_over()
     whole.observe(plain, 1.0, 1.0)
     whole.observe(chain, 3.0, 2.0, refresh_s=20.0)
     assert whole.choose() == plain
+
+
+def test_a_retry_runs_min_samples_steps_whose_mean_outweighs_the_old_estimate():
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=6, min_samples=2)
+    cost, tau = {"none": 1.0, "chain:3": 1.0}, {"none": 1.0, "chain:3": 0.5}  # chain loses
+    chosen = _run(ctl, 12, cost, tau)
+    assert chosen[:4] == ["none", "none", "chain:3", "chain:3"]  # explored min_samples times each
+    first_retry = chosen.index("chain:3", 4)
+    assert chosen[first_retry: first_retry + 2] == ["chain:3", "chain:3"]  # a retry is min_samples steps
+    before = ctl.stats[chain].tau
+    ctl.stats[chain].tau = 0.5
+    tau["chain:3"] = 3.5  # the drafter got good: a retry's two samples (3.5, 3.5) and the old 0.5 -> 2.5
+    while not ctl.stats[chain].retrying:  # plain steps until the retry starts (its first sample observed)
+        s = ctl.choose()
+        ctl.observe(s, tau[str(s)], cost[str(s)])
+    assert ctl.stats[chain].retry_seen == 1 and ctl.choose() == chain
+    ctl.observe(chain, 3.5, 1.0)
+    assert not ctl.stats[chain].retrying and abs(ctl.stats[chain].tau - 2.5) < 1e-9 and before == 0.5

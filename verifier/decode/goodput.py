@@ -4,8 +4,9 @@ For every candidate shape (plain decoding included) the controller keeps a runni
 tokens a step emits per sequence (tau, the bonus counted) and of what a step costs. Each shape is
 first measured for ``min_samples`` steps (their plain mean): one step's tau is too noisy to decide on
 (measured on the H100: a single exploring step put chain:4 at tau 1.5 where it averages 2.9, so auto
-kept plain decoding where chain:4 was 1.10-1.15x faster). Then it picks ``argmax tau / cost``; a shape not tried for a while is retried, so a change in acceptance (a new
-prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
+kept plain decoding where chain:4 was 1.10-1.15x faster). Then it picks ``argmax tau / cost``; a shape not tried for a while is retried for ``min_samples`` steps (their
+mean then outweighs the old estimate 4 to 1), so a change in acceptance (a new prompt, a new
+domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
 ``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Retries
 come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
 the steps right after it, since they share one refresh of the engine's stale drafter slots. The
@@ -33,6 +34,7 @@ class _Running:
     last_step: int = -1
     retry_every: int = 256
     retrying: bool = False
+    retry_seen: int = 0  # samples of the retry under way
 
 
 class GoodputController:
@@ -72,10 +74,13 @@ class GoodputController:
         if not self.burst and any(self.step - r.last_step > r.retry_every for r in self.stats.values()):
             half = [s for s in self.shapes if s != self.current
                     and self.step - self.stats[s].last_step > self.stats[s].retry_every // 2]
-            self.burst = sorted(half, key=lambda s: self.stats[s].last_step)
+            self.burst = [s for s in sorted(half, key=lambda s: self.stats[s].last_step)
+                          for _ in range(self.min_samples)]
         if self.burst:
             shape = self.burst.pop(0)
-            self.stats[shape].retrying = True
+            r = self.stats[shape]
+            if not r.retrying:
+                r.retrying, r.retry_seen = True, 0
             return shape
         best = self.best()
         if self.current is not None and self.rate(best) < (1 + self.hysteresis) * self.rate(self.current):
@@ -90,13 +95,16 @@ class GoodputController:
         r = self.stats[shape]
         if r.seen < self.min_samples:  # the plain mean of the first samples
             a = 1.0 / (r.seen + 1)
-        else:  # a retry's sample weighs more: what the running mean holds is old
-            a = self.alpha if r.seen >= 4 and not r.retrying else 0.5
+        elif r.retrying:  # a retry's samples weigh more: what the running mean holds is old
+            a = 1.0 / (r.retry_seen + 2)
+            r.retry_seen += 1
+        else:
+            a = self.alpha
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
         r.seen += 1
         r.last_step = self.step
-        if r.retrying:
+        if r.retrying and r.retry_seen >= self.min_samples:
             r.retrying = False
             r.retry_every = self.retry_every if self.best() == shape else min(2 * r.retry_every,
                                                                               self.max_retry_every)
