@@ -37,7 +37,9 @@ class SelfOracleDrafter(DeviceTreeDrafter):
         n, vocab = self.tree.num_nodes, target.vocab_size
         depth = torch.tensor(self.tree.depths(), device=target.device)
         self._deep = depth > self.k  # [N] the nodes made wrong
-        self._first = torch.tensor(self.tree.level_starts(), device=target.device)[depth]  # [N] first node of its level
+        parents = self.tree.static_parents()
+        # [N] each node's first sibling: its parent's greedy child (the root stands for itself)
+        self._first = torch.tensor([parents.index(p) if p >= 0 else 0 for p in parents], device=target.device)
         self._salt = 1 + (torch.arange(n, device=target.device) * 40503) % (vocab - 1)  # added mod V: a wrong token
 
     def device_drafter(self):
@@ -50,7 +52,8 @@ class SelfOracleDrafter(DeviceTreeDrafter):
         if any_sampled:
             raise ValueError("self oracle: greedy decoding only")
         d = super().draft(shape, roots, sampling, any_sampled)
-        # the first node of a level holds the greedy choice at the first node above it, so adding a salt to it
-        # makes every node of a deep level differ from what its parent accepts
+        # a node's first sibling holds the greedy choice at their parent, so a salt added to it makes every
+        # deep node differ from what its own parent accepts (also below a branch that bf16 ties made the
+        # accepted one: salting against the level's first node there let a deep node through, measured)
         wrong = (d.tokens[:, self._first] + self._salt) % self.model.vocab_size
         return DeviceDraft(torch.where(self._deep[None, :], wrong, d.tokens), d.parents, None, d.mode)

@@ -179,7 +179,8 @@ def run(args) -> int:
         rows += oracle_rows(args, device, getattr(torch, args.oracle_dtype) if device.type == "cuda" else torch.float32)
     from stree.bench.kernels import package_version
 
-    record = {**record_meta("batch", device), "dtype": args.dtype, "torch": torch.__version__,
+    record = {**record_meta("batch", device), "dtype": args.dtype,
+              "oracle_dtype": args.oracle_dtype if args.oracle_shape else None, "torch": torch.__version__,
               "mamba_ssm": package_version("mamba_ssm"), "causal_conv1d": package_version("causal_conv1d"),
               "rows": rows}
     header = (f"{'target':<10}{'method':<22}{'T':>4}{'batch':>6}{'tok/s':>10}{'decode':>9}{'x plain':>9}{'x mamba_ssm':>12}"
