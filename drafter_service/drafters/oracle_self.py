@@ -53,7 +53,7 @@ class SelfOracleDrafter(DeviceTreeDrafter):
             raise ValueError("self oracle: greedy decoding only")
         d = super().draft(shape, roots, sampling, any_sampled)
         # a node's first sibling holds the greedy choice at their parent, so a salt added to it makes every
-        # deep node differ from what its own parent accepts (also below a branch that bf16 ties made the
-        # accepted one: salting against the level's first node there let a deep node through, measured)
+        # deep node differ from what its own parent accepts, on whichever branch was accepted. (Static trees
+        # at batch > 1 in bf16 still lose tau in some rows, BENCHMARKS.md section 0g: cause not found.)
         wrong = (d.tokens[:, self._first] + self._salt) % self.model.vocab_size
         return DeviceDraft(torch.where(self._deep[None, :], wrong, d.tokens), d.parents, None, d.mode)
