@@ -21,6 +21,11 @@ from stree.protocols.token_tree import DraftMode
 from stree.protocols.tree_shape import TreeShape
 
 
+def wrong_salts(num_nodes: int, vocab_size: int, device) -> torch.Tensor:
+    """``[N]`` offsets in ``1..V-1``, one per node: a token plus its node's offset (mod V) is a different token."""
+    return 1 + (torch.arange(num_nodes, device=device) * 40503) % (vocab_size - 1)
+
+
 class OracleDeviceDrafter:
     """A ``Drafter`` (``open`` = the host oracle) whose ``device_drafter()`` is itself, over ``shapes``.
 
@@ -60,7 +65,7 @@ class OracleDeviceDrafter:
             starts = torch.tensor(shape.level_starts(), device=self.device)
             nodes = torch.arange(shape.num_nodes, device=self.device)
             right = (nodes == starts[depth]) & (depth >= 1) & (depth <= self.k)  # first node of a right level
-            salt = 1 + (nodes * 40503) % (self.vocab_size - 1)  # added mod V, makes any token wrong
+            salt = wrong_salts(shape.num_nodes, self.vocab_size, self.device)
             parents = torch.tensor(shape.static_parents(), device=self.device).expand(batch, -1).contiguous()
             self._layouts[shape] = (depth, right, salt, parents)
         return self._layouts[shape]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+from stree.drafter_service.drafters.oracle_device import wrong_salts
 from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
@@ -34,13 +35,12 @@ class SelfOracleDrafter(DeviceTreeDrafter):
             raise ValueError(f"self oracle: correct_depth {correct_depth} must be below the tree's depth "
                              f"({self.tree.max_depth}): a wrong level must follow the right ones")
         self.k = int(correct_depth)
-        n, vocab = self.tree.num_nodes, target.vocab_size
         depth = torch.tensor(self.tree.depths(), device=target.device)
         self._deep = depth > self.k  # [N] the nodes made wrong
         parents = self.tree.static_parents()
         # [N] each node's first sibling: its parent's greedy child (the root stands for itself)
         self._first = torch.tensor([parents.index(p) if p >= 0 else 0 for p in parents], device=target.device)
-        self._salt = 1 + (torch.arange(n, device=target.device) * 40503) % (vocab - 1)  # added mod V: a wrong token
+        self._salt = wrong_salts(self.tree.num_nodes, target.vocab_size, target.device)
 
     def device_drafter(self):
         return self, [self.tree]
