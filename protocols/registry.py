@@ -70,6 +70,9 @@ def create_drafter(name: str, **options) -> Drafter:
         # with a draft model the fusion factory ranks merged branches by it (RASD)
         return get_drafter_factory("fusion")(drafters=subs, draft_model=options.get("draft_model"))
     factory = get_drafter_factory(name)
+    missing = missing_options(factory, options)
+    if missing:  # e.g. retrieval without a datastore, or "fusion" without its parts
+        raise ValueError(f"drafter {name!r} needs {', '.join(missing)}, which this caller did not provide")
     return factory(**filter_options(factory, options))
 
 

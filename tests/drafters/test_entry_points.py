@@ -87,3 +87,13 @@ def test_cli_generates_with_the_plugin_by_name(echo_plugin, tmp_path):
                            max_new_tokens=8)
     assert out["token_ids"] == plain.token_ids  # speculation with a plugin never changes the output
     assert len(out["token_ids"]) == 8
+
+
+@pytest.mark.parametrize("name, needed", [("retrieval", "datastore"), ("fusion", "drafters")])
+def test_a_drafter_missing_a_required_option_is_a_value_error(name, needed):
+    """A built-in drafter named without what it needs (a server started without a datastore, say) is a clear
+    ValueError naming the option (the servers answer INVALID_ARGUMENT), not a TypeError from its constructor."""
+    from stree.protocols.registry import create_drafter
+
+    with pytest.raises(ValueError, match=f"{name!r} needs {needed}"):
+        create_drafter(name)
