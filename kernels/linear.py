@@ -1,11 +1,11 @@
-"""``y = x W^T + b`` for the few rows a tree pass feeds a projection: cuBLAS, padded cuBLAS or Triton, timed.
+"""``y = x W^T + b`` for the few rows of a decode step or tree pass: cuBLAS, padded cuBLAS or Triton, timed.
 
 cuBLAS picks poor kernels at some small row counts: measured on the H100 (fp32, the demo target),
 its in_proj takes 15.5 us at 5 rows against 4.0 at 8 and 7.0 at 16, and every tree pass pays that
 per layer. So, once per (rows, weight shape, dtype, device), ``linear`` times the plain call
 against zero-padding the input to 8, 16 or 32 rows (pad included, in a CUDA graph) and against the
-few-row Triton kernel (``linear_rows_triton``), and keeps another choice than the plain call only
-where it is clearly faster.
+few-row Triton kernel (``linear_rows_triton``, also the one-row decode GEMV), and keeps another
+choice than the plain call only where it is clearly faster.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from stree.kernels import backend
 from stree.kernels.backend import capturing
 from stree.kernels.cuda_graph import graphed_us
 
@@ -51,7 +52,8 @@ def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None):
         from stree.kernels.linear_rows_triton import fits
 
         x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        choices = [r for r in (m,) + PAD_ROWS if r >= m] + ([TRITON] if fits(m, weight) else [])
+        triton = fits(m, weight) and backend.resolve(weight.device) == "triton"
+        choices = [r for r in (m,) + PAD_ROWS if r >= m] + ([TRITON] if triton else [])
         times = {c: graphed_us([lambda c=c: run_choice(x, weight, bias, c)] * 20, reps=5) for c in choices}
         best = min(times, key=times.get)
         _CHOICE[key] = best if times[best] <= MIN_GAIN * times[m] else m
@@ -64,9 +66,9 @@ def row_choices() -> dict:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; CUDA inference with 2 to ``PAD_ROWS[-1]`` - 1 rows runs as ``choose_rows`` chose."""
+    """``F.linear``; CUDA inference with 1 to ``PAD_ROWS[-1]`` - 1 rows runs as ``choose_rows`` chose."""
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (not x.is_cuda or not 1 < m < PAD_ROWS[-1]
+    if (not x.is_cuda or not 1 <= m < PAD_ROWS[-1]
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
     return run_choice(x, weight, bias, choose_rows(m, weight, bias))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from stree.kernels import backend
+from stree.kernels import backend, norm_linear
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
 from stree.kernels.linear import linear  # noqa: F401 - the model's projections call ops.linear
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
@@ -137,3 +137,34 @@ def add_rmsnorm(x, residual, weight, eps, residual_in_fp32=True):
 def gated_rmsnorm(y, z, weight, group_size, eps, norm_before_gate=False):
     return get("gated_rmsnorm", y.device)(y, z, weight, group_size, eps, norm_before_gate)
 
+
+
+def add_rmsnorm_linear(x, residual, norm_weight, eps, residual_in_fp32, weight, bias=None):
+    """``add_rmsnorm`` then ``linear`` (a block's pre-norm and ``in_proj``): ``(y, new residual)``, in one
+    launch where ``norm_linear`` measured that faster."""
+
+    def unfused():
+        h, r = add_rmsnorm(x, residual, norm_weight, eps, residual_in_fp32)
+        return linear(h, weight, bias), r
+
+    def fused():
+        from stree.kernels.linear_rows_triton import add_rmsnorm_linear_rows_triton
+
+        return add_rmsnorm_linear_rows_triton(x, residual, norm_weight, eps, residual_in_fp32, weight, bias)
+
+    return fused() if norm_linear.use_fused("add_rmsnorm", x, weight, fused, unfused) else unfused()
+
+
+def gated_rmsnorm_linear(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias=None):
+    """``gated_rmsnorm`` then ``linear`` (Mamba2's gated norm and ``out_proj``), in one launch where
+    ``norm_linear`` measured that faster."""
+
+    def unfused():
+        return linear(gated_rmsnorm(y, z, norm_weight, group_size, eps, norm_before_gate), weight, bias)
+
+    def fused():
+        from stree.kernels.linear_rows_triton import gated_rmsnorm_linear_rows_triton
+
+        return gated_rmsnorm_linear_rows_triton(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias)
+
+    return fused() if norm_linear.use_fused("gated_rmsnorm", y, weight, fused, unfused) else unfused()

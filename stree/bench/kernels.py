@@ -530,11 +530,21 @@ MODEL_BATCHES = (1, 4, 16, 64)
 BATCH_TREE_NODES = 32
 
 
-def _bench_batched(model, base, prompt, add, vocab: int, batches) -> None:
-    """Decode step and 32-node verify step (tree forward + commit) at each batch size, per step and per sequence."""
+def _state_bytes(state) -> int:
+    """Bytes of one sequence's recurrent state (SSM + conv), which a decode step reads and writes."""
+    return sum(t[:1].numel() * t.element_size() for layer in state.layers
+               for t in (getattr(layer, "ssm_state", None), getattr(layer, "conv_state", None)) if t is not None)
+
+
+def _bench_batched(model, base, prompt, add, vocab: int, batches, weight_bytes: int, bandwidth: float,
+                   mamba_ssm_ms=lambda b: None) -> None:
+    """Decode step and 32-node verify step (tree forward + commit) at each batch size, per step and per sequence,
+    beside the batch's floor (weights once + every sequence's state read and written, at copy bandwidth) and
+    ``mamba_ssm_ms(b)``, mamba_ssm's graphed decode step at the same batch size."""
     from stree.protocols.token_tree import TokenTree, TreeBatch
 
     device = prompt.device
+    per_seq_state = _state_bytes(base)
     par = complete_binary_parents(BATCH_TREE_NODES)
     path_nodes = root_to_leaf_paths(par)[0]
     for b in batches:
@@ -550,7 +560,10 @@ def _bench_batched(model, base, prompt, add, vocab: int, batches) -> None:
             st.seqlen.copy_(s0)
 
         ms = graphed_us([decode], reps=20) / 1000
-        add("decode_step", 1, ms, batch=b, ms_per_seq=round(ms / b, 4))
+        floor_b = (weight_bytes + 2 * b * per_seq_state) / (bandwidth * 1e9) * 1e3
+        ref_b = mamba_ssm_ms(b)
+        batch_cols = dict(batch=b, floor_batch_ms=round(floor_b, 4), mamba_ssm_batch_ms=ref_b and round(ref_b, 4))
+        add("decode_step", 1, ms, ms_per_seq=round(ms / b, 4), **batch_cols)
         trees_list = [TokenTree.from_parents(torch.randint(0, vocab, (BATCH_TREE_NODES,)).tolist(), par)
                       for _ in range(b)]
         trees = TreeBatch.from_trees(trees_list).to(device)
@@ -569,8 +582,8 @@ def _bench_batched(model, base, prompt, add, vocab: int, batches) -> None:
         t_fwd = graphed_us([tree_fwd], reps=20) / 1000
         tree_fwd()
         t_commit = graphed_us([commit], reps=20) / 1000
-        add("verify_step", BATCH_TREE_NODES, t_fwd + t_commit, batch=b, ms_per_seq=round((t_fwd + t_commit) / b, 4),
-            tree=f"binary-{BATCH_TREE_NODES}")
+        add("verify_step", BATCH_TREE_NODES, t_fwd + t_commit, ms_per_seq=round((t_fwd + t_commit) / b, 4),
+            tree=f"binary-{BATCH_TREE_NODES}", **batch_cols)
         st = holder = None
         torch.cuda.empty_cache()
 
@@ -664,7 +677,8 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256,
             add("tree_forward", n, t_fwd, tree=f"binary-{n}")
             add("commit", n, t_commit, tree=f"binary-{n}", path_len=len(path_nodes))
             add("verify_step", n, t_fwd + t_commit, tree=f"binary-{n}")
-        _bench_batched(model, base, prompt, add, vocab, batches)
+        _bench_batched(model, base, prompt, add, vocab, batches, weight_bytes, bandwidth,
+                       lambda b: mamba_ssm_decode_ms(shape, dtype, vocab, prompt_len, b))
         if shape_name == "130m":  # (c) the draft model's depth-4 width-3 beam draft, all in one graph
             beam = GraphedBeamSearch(model, 4, 3, SamplingParams())
             beam(base, 7)
@@ -831,8 +845,9 @@ def print_summary(rows: list[dict]) -> None:
             print(f"attn n={r['nodes']:3} seqlen={r.get('seqlen', '-')!s:5} {r['impl']:22} {r['us']:9.2f} us")
         elif r.get("section") == "model":
             print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} b={r.get('batch', 1):3} {r['ms']:8.3f} ms"
-                  f"  per seq {r.get('ms_per_seq', r['ms'])}  floor {r['floor_ms']:.3f}"
-                  f"  mamba_ssm decode {r.get('mamba_ssm_decode_ms')}  (DESIGN anchor {r.get('anchor_ms')})")
+                  f"  per seq {r.get('ms_per_seq', r['ms'])}  floor {r.get('floor_batch_ms', r['floor_ms']):.3f}"
+                  f"  mamba_ssm decode {r.get('mamba_ssm_batch_ms', r.get('mamba_ssm_decode_ms'))}"
+                  f"  (DESIGN anchor {r.get('anchor_ms')})")
 
 
 def add_parser(sub) -> None:

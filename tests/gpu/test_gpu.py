@@ -104,8 +104,43 @@ def test_row_padded_linear_matches_cublas(dtype, tol):
             torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), atol=tol, rtol=tol)
             torch.testing.assert_close(linear_rows_triton(x, w, b), torch.nn.functional.linear(x, w, b),
                                        atol=tol, rtol=tol)
-            if 1 < m < PAD_ROWS[-1]:
+            if 1 <= m < PAD_ROWS[-1]:
                 assert row_choices()[(m, (n, k), str(dtype).removeprefix("torch."))] in (m,) + PAD_ROWS + (TRITON,)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_norm_linear_fusions_match_reference(dtype, tol):
+    """ops.add_rmsnorm_linear / ops.gated_rmsnorm_linear (fused or not, chosen by timing) and the fused Triton
+    kernels called directly equal the references, at the demo pair's and the 2.7B shape's projections."""
+    from stree.kernels import ops
+    from stree.kernels.compare import rel_err
+    from stree.kernels.linear_rows_triton import add_rmsnorm_linear_rows_triton, gated_rmsnorm_linear_rows_triton
+    from stree.kernels.norm_linear import add_rmsnorm_linear_ref, fused_choices, gated_rmsnorm_linear_ref
+
+    g = torch.Generator(device="cuda").manual_seed(12)
+
+    def rand(*shape, dt=dtype):
+        return torch.randn(*shape, device="cuda", generator=g).to(dt)
+
+    for d_model, d_in, n_in, groups in ((256, 512, 1160, 1), (2560, 5120, 10576, 1), (256, 512, 1160, 4)):
+        w_in, w_out = rand(n_in, d_model) / d_model ** 0.5, rand(d_model, d_in) / d_in ** 0.5
+        nw_in, nw_out = rand(d_model).abs() + 0.5, rand(d_in).abs() + 0.5
+        for m in (1, 4, 13):
+            x, r, y, z = rand(m, d_model), rand(m, d_model, dt=torch.float32), rand(m, d_in), rand(m, d_in)
+            want, want_r = add_rmsnorm_linear_ref(x, r, nw_in, 1e-5, True, w_in)
+            with torch.no_grad():
+                got, got_r = ops.add_rmsnorm_linear(x, r, nw_in, 1e-5, True, w_in)
+            direct, direct_r = add_rmsnorm_linear_rows_triton(x, r, nw_in, 1e-5, True, w_in)
+            assert rel_err(got, want) < tol and rel_err(direct, want) < tol
+            torch.testing.assert_close(got_r, want_r)
+            torch.testing.assert_close(direct_r, want_r)
+            gs = d_in // groups
+            want = gated_rmsnorm_linear_ref(y, z, nw_out, gs, 1e-5, False, w_out)
+            with torch.no_grad():
+                got = ops.gated_rmsnorm_linear(y, z, nw_out, gs, 1e-5, False, w_out)
+            assert rel_err(got, want) < tol
+            assert rel_err(gated_rmsnorm_linear_rows_triton(y, z, nw_out, gs, 1e-5, False, w_out), want) < tol
+    assert fused_choices()  # the choice was timed and remembered
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

@@ -67,3 +67,17 @@ def test_kernel_refuses_other_activations():
     gen = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="activation"):
         mamba_step_triton(**_inputs(gen, 1, 2, 4, 1, 8, 4, False), activation="identity")
+
+
+@pytest.mark.parametrize("block_p, num_warps", [(8, 2), (32, 4), (None, 8)])
+def test_tile_knobs_and_the_large_batch_default_match_reference(block_p, num_warps):
+    """Other headdim tiles and warp counts, and the 32-channel default that >= 256 (sequence, head) pairs get."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    b, h = (64, 4) if block_p is None else (2, 3)  # 256 pairs: the large-batch default tile
+    ref = _inputs(gen, b, h, 40, 1, 8, 4, False)
+    tri = {n: (v.clone() if torch.is_tensor(v) else v) for n, v in ref.items()}
+    y1 = mamba_step_ref(**ref)
+    y2 = mamba_step_triton(**tri, block_p=block_p, num_warps=num_warps)
+    assert rel_err(y2, y1) < 1e-5
+    assert rel_err(tri["ssm_state"], ref["ssm_state"]) < 1e-5
+    assert torch.equal(tri["conv_state"], ref["conv_state"])

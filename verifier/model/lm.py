@@ -21,7 +21,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.linear import Linear
-from stree.verifier.model.mamba2_mixer import Mamba2Mixer
+from stree.verifier.model.mamba2_mixer import Mamba2Mixer, Projected
 from stree.verifier.model.parallel_mixer import ParallelMixer
 from stree.verifier.model.shared_block_mixer import SharedBlockMixer
 from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
@@ -75,6 +75,8 @@ class Block(nn.Module):
             self.mlp = None
         self.residual_in_fp32 = config.residual_in_fp32
         self.residual_multiplier = config.residual_multiplier
+        # the pre-norm can run inside the Mamba2 mixer's in_proj launch (step and tree modes)
+        self.fusable_in_proj = type(self.mixer) is Mamba2Mixer and isinstance(self.norm, nn.RMSNorm)
 
     def _add_norm(self, norm: nn.Module, hidden, residual):
         """Residual add + norm; RMSNorm goes through the fused op (one kernel on the GPU)."""
@@ -85,10 +87,16 @@ class Block(nn.Module):
             residual = residual.float()
         return norm(residual.to(norm.weight.dtype)), residual
 
-    def run(self, hidden, residual, mix, emb=None):
+    def run(self, hidden, residual, mix, emb=None, fuse: bool = False):
         """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
-        reads the residual stream itself and the token embeddings ``emb``)."""
-        if self.kind == "hybrid":
+        reads the residual stream itself and the token embeddings ``emb``). ``fuse`` (step and tree modes) lets
+        a Mamba2 block hand its mixer the pre-norm already through ``in_proj`` (``ops.add_rmsnorm_linear``)."""
+        if fuse and self.fusable_in_proj:
+            proj = self.mixer.in_proj
+            zxbcdt, residual = ops.add_rmsnorm_linear(hidden, residual, self.norm.weight, self.norm.eps,
+                                                      self.residual_in_fp32, proj.weight, proj.bias)
+            hidden = self._scaled(mix(Projected(zxbcdt)))
+        elif self.kind == "hybrid":
             residual = hidden if residual is None else hidden + residual
             if self.residual_in_fp32:
                 residual = residual.float()
@@ -222,14 +230,15 @@ class StreeLM(WeightsHome, nn.Module):
         return (logits, h) if return_hidden else logits
 
     def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None, return_hidden: bool = False,
-             pick: torch.Tensor | None = None):
-        """Embed, run every block, read logits; ``pick`` (``[B]`` positions) reads them at one position per row."""
+             pick: torch.Tensor | None = None, fuse: bool = False):
+        """Embed, run every block, read logits; ``pick`` (``[B]`` positions) reads them at one position per row.
+        ``fuse``: the mixes are step or tree calls, which take a ``Projected`` input (see ``Block.run``)."""
         hidden, residual = self.backbone.embedding(input_ids), None
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
         emb = hidden  # what hybrid (Zamba2) layers concatenate to the residual stream
         for block, mix in zip(self.backbone.layers, mixes):
-            hidden, residual = block.run(hidden, residual, mix, emb)
+            hidden, residual = block.run(hidden, residual, mix, emb, fuse)
         if pick is not None:  # only the picked positions go through the final norm and the LM head
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             hidden, residual = hidden[rows, pick], residual[rows, pick]
@@ -313,7 +322,7 @@ class StreeLM(WeightsHome, nn.Module):
 
         With ``return_hidden`` it returns ``(logits, hidden [B, d])``, the final-norm hidden states.
         """
-        out = self._run(input_ids, self._cached_mixes(state, "step"), head, return_hidden)
+        out = self._run(input_ids, self._cached_mixes(state, "step"), head, return_hidden, fuse=True)
         state.seqlen += 1
         return out
 
@@ -366,9 +375,9 @@ class StreeLM(WeightsHome, nn.Module):
             for b, s in zip(self.backbone.layers, state.layers)
         ]
         if return_hidden:
-            logits, hidden = self._run(trees.tokens, mixes, return_hidden=True)
+            logits, hidden = self._run(trees.tokens, mixes, return_hidden=True, fuse=True)
             return logits, TreeActs(acts, trees), hidden
-        logits = self._run(trees.tokens, mixes)
+        logits = self._run(trees.tokens, mixes, fuse=True)
         return logits, TreeActs(acts, trees)
 
     @torch.no_grad()

@@ -33,6 +33,13 @@ class MambaTreeActs:
     xBC: torch.Tensor  # [B, N, C] pre-conv
 
 
+@dataclass
+class Projected:
+    """A mixer input already through ``in_proj`` (the block fused its pre-norm into that projection)."""
+
+    zxbcdt: torch.Tensor
+
+
 class GatedRMSNorm(nn.Module):
     """mamba_ssm's RMSNormGated with ``norm_before_gate=False``: ``norm(y * silu(z))`` per group."""
 
@@ -86,8 +93,8 @@ class Mamba2Mixer(nn.Module):
                                   dtype=torch.float32),
         )
 
-    def _split_in(self, u: torch.Tensor):
-        zxbcdt = self.in_proj(u)
+    def _split_in(self, u):
+        zxbcdt = u.zxbcdt if isinstance(u, Projected) else self.in_proj(u)
         z0, x0, z, xBC, dt = torch.split(
             zxbcdt, [self.d_mlp, self.d_mlp, self.d_ssm, self.conv_dim, self.nheads], dim=-1
         )
@@ -126,6 +133,10 @@ class Mamba2Mixer(nn.Module):
 
     def _gate_out(self, y: torch.Tensor, z, z0, x0) -> torch.Tensor:
         """``y`` ``[..., d_ssm]`` (D skip included) through the gated norm, the MLP half and out_proj."""
+        if self.rmsnorm and self.d_mlp == 0:  # the gated norm and out_proj, in one launch where that is faster
+            n = self.norm
+            return ops.gated_rmsnorm_linear(y, z, n.weight, n.group_size, n.eps, n.norm_before_gate,
+                                            self.out_proj.weight, self.out_proj.bias)
         y = self.norm(y, z) if self.rmsnorm else y * F.silu(z)
         if self.d_mlp > 0:
             y = torch.cat([F.silu(z0) * x0, y], dim=-1)
@@ -162,7 +173,7 @@ class Mamba2Mixer(nn.Module):
         y = ops.ssd_prefill(x, dt, self._A(), Bm, Cm, self._D(), state.ssm_state)
         return self._finish(y, x, z, z0, x0)
 
-    def step(self, u: torch.Tensor, state: MambaLayerState) -> torch.Tensor:
+    def step(self, u: "torch.Tensor | Projected", state: MambaLayerState) -> torch.Tensor:
         """One token per sequence; ``u`` is ``[B, d]``; state updated in place."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y = ops.mamba_step(state.conv_state, state.ssm_state, xBC, dt_raw, self._conv_w, self.conv1d.bias,
@@ -170,7 +181,7 @@ class Mamba2Mixer(nn.Module):
                            getattr(self, "activation", "silu"))
         return self._gate_out(y, z, z0, x0)
 
-    def tree(self, u: torch.Tensor, state: MambaLayerState, parents: torch.Tensor, is_chain: bool = False):
+    def tree(self, u: "torch.Tensor | Projected", state: MambaLayerState, parents: torch.Tensor, is_chain: bool = False):
         """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed.
         ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
