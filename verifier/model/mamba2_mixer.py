@@ -174,15 +174,17 @@ class Mamba2Mixer(nn.Module):
         return self._finish(y, x, z, z0, x0)
 
     def step(self, u: "torch.Tensor | Projected", state: MambaLayerState) -> torch.Tensor:
-        """One token per sequence; ``u`` is ``[B, d]``; state updated in place."""
+        """One token per sequence; ``u`` is ``[B, d]`` (or already through in_proj); state updated in place."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y = ops.mamba_step(state.conv_state, state.ssm_state, xBC, dt_raw, self._conv_w, self.conv1d.bias,
                            self.dt_bias, self._A(), self.D, self.ngroups, self.dt_limit,
                            getattr(self, "activation", "silu"))
         return self._gate_out(y, z, z0, x0)
 
-    def tree(self, u: "torch.Tensor | Projected", state: MambaLayerState, parents: torch.Tensor, is_chain: bool = False):
-        """Every node of a padded tree batch (``u`` is ``[B, N, d]``); state is read, not changed.
+    def tree(self, u: "torch.Tensor | Projected", state: MambaLayerState, parents: torch.Tensor,
+             is_chain: bool = False):
+        """Every node of a padded tree batch (``u`` is ``[B, N, d]``, or already through in_proj); state is read,
+        not changed.
         ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
