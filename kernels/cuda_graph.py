@@ -1,5 +1,6 @@
 """CUDA graph capture: the one helper every graphed path uses (model steps, drafts, training, timings),
-and ``graphed_us``, the graphed timing of a few calls (benchmarks, and the linear row-padding choice).
+and ``graphed_us`` / ``graphed_fastest``, graphed timings of a few calls (benchmarks, and the once-per-shape
+kernel choices).
 
 Without graphs a step of a 64-layer model is bound by kernel launches (DESIGN section 5).
 """
@@ -26,6 +27,15 @@ def capture_graph(fn: Callable, warmup: int = 1, pool=None):
     with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
+
+
+def graphed_fastest(candidates: dict, default, min_gain: float = 1.0):
+    """The key of ``candidates`` (key -> zero-argument call) whose call is fastest, each timed 20 times in one
+    graph; ``default`` unless the fastest takes at most ``min_gain`` times ``default``'s time (ties keep the
+    earlier key). The once-per-shape choices of ``linear`` and ``norm_linear`` use it."""
+    times = {c: graphed_us([fn] * 20, reps=5) for c, fn in candidates.items()}
+    best = min(times, key=times.get)
+    return best if times[best] <= min_gain * times[default] else default
 
 
 def graphed_us(calls, reps: int = 30) -> float:

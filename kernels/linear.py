@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from stree.kernels import backend
 from stree.kernels.backend import capturing
-from stree.kernels.cuda_graph import graphed_us
+from stree.kernels.cuda_graph import graphed_fastest
 
 PAD_ROWS = (8, 16, 32)  # row counts a few-row input may be padded to
 MIN_GAIN = 0.85  # leave the plain call only for a choice taking at most this fraction of its time
@@ -54,9 +54,7 @@ def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None):
         x = torch.zeros(m, weight.shape[1], dtype=weight.dtype, device=weight.device)
         triton = fits(m, weight) and backend.resolve(weight.device) == "triton"
         choices = [r for r in (m,) + PAD_ROWS if r >= m] + ([TRITON] if triton else [])
-        times = {c: graphed_us([lambda c=c: run_choice(x, weight, bias, c)] * 20, reps=5) for c in choices}
-        best = min(times, key=times.get)
-        _CHOICE[key] = best if times[best] <= MIN_GAIN * times[m] else m
+        _CHOICE[key] = graphed_fastest({c: lambda c=c: run_choice(x, weight, bias, c) for c in choices}, m, MIN_GAIN)
     return _CHOICE[key]
 
 

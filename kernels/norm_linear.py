@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from stree.kernels import backend
 from stree.kernels.backend import capturing
-from stree.kernels.cuda_graph import graphed_us
+from stree.kernels.cuda_graph import graphed_fastest
 from stree.kernels.norms import add_rmsnorm_ref, gated_rmsnorm_ref
 
 _FUSED: dict = {}
@@ -33,27 +33,21 @@ def gated_rmsnorm_linear_ref(y, z, norm_weight, group_size, eps, norm_before_gat
     return F.linear(gated_rmsnorm_ref(y, z, norm_weight, group_size, eps, norm_before_gate), weight, bias)
 
 
-def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if backend.resolve(x.device) != "triton" or torch.is_grad_enabled():
-        return False
+def use_fused(kind: str, x: torch.Tensor, weight: torch.Tensor, fused, unfused) -> bool:
+    """Whether ``fused()`` (one launch) measured faster than ``unfused()`` for this kind and shape (timed once;
+    the unfused timing's warm-up lets ``ops.linear`` make its own choice first)."""
     from stree.kernels.linear_rows_triton import fits
 
-    return fits(x.numel() // x.shape[-1], weight)
-
-
-def use_fused(kind: str, x: torch.Tensor, weight: torch.Tensor, fused, unfused) -> bool:
-    """Whether ``fused()`` (one launch) measured faster than ``unfused()`` for this kind and shape (timed once)."""
-    if not _eligible(x, weight):
+    rows = x.numel() // x.shape[-1]
+    if backend.resolve(x.device) != "triton" or torch.is_grad_enabled() or not fits(rows, weight):
         return False
     if not x.is_cuda:  # the Triton backend forced on the CPU (interpreter tests): nothing to time, fuse
         return True
-    key = (kind, x.numel() // x.shape[-1], tuple(x.shape[-1:]), tuple(weight.shape), x.dtype, weight.dtype,
-           x.device)
+    key = (kind, rows, tuple(x.shape[-1:]), tuple(weight.shape), x.dtype, weight.dtype, x.device)
     if key not in _FUSED:
         if capturing():
             return False
-        unfused()  # lets ops.linear make its own timed choice first
-        _FUSED[key] = graphed_us([fused] * 20, reps=5) < graphed_us([unfused] * 20, reps=5)
+        _FUSED[key] = graphed_fastest({False: unfused, True: fused}, False)
     return _FUSED[key]
 
 

@@ -138,7 +138,6 @@ def gated_rmsnorm(y, z, weight, group_size, eps, norm_before_gate=False):
     return get("gated_rmsnorm", y.device)(y, z, weight, group_size, eps, norm_before_gate)
 
 
-
 def add_rmsnorm_linear(x, residual, norm_weight, eps, residual_in_fp32, weight, bias=None):
     """``add_rmsnorm`` then ``linear`` (a block's pre-norm and ``in_proj``): ``(y, new residual)``, in one
     launch where ``norm_linear`` measured that faster."""

@@ -6,8 +6,9 @@ first measured for ``min_samples`` steps (their plain mean): one step's tau is t
 (measured on the H100: a single exploring step put chain:4 at tau 1.5 where it averages 2.9, so auto
 kept plain decoding where chain:4 was 1.10-1.15x faster). Then it picks ``argmax tau / cost``; a
 shape not tried for a while is retried for ``min_samples`` steps (their mean then outweighs the old
-estimate 4 to 1), so a change in acceptance (a new prompt, a new domain) is noticed. A retry that loses again doubles that shape's retry interval (up to
-``max_retry_every``), so a drafter that never pays costs ever less; one that wins resets it. Retries
+estimate 4 to 1), so a change in acceptance (a new prompt, a new domain) is noticed. A retry that
+loses again doubles that shape's retry interval (up to ``max_retry_every``), so a drafter that never
+pays costs ever less; one that wins resets it. Retries
 come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
 the steps right after it, since they share one refresh of the engine's stale drafter slots. The
 controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
