@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from stree.kernels.chain_conv_scan_triton import chain_conv_scan_triton, chain_fits
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
 from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
@@ -108,13 +107,12 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
                           A, D, ngroups, headdim, ssm_state, *, out=None, max_fused_nodes=FUSED_MAX_NODES,
-                          is_chain=False, block_p=None, num_warps=None, chain=None):
+                          is_chain=False, block_p=None, num_warps=None):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
     ``out = (y, xbc, dt)`` (optional) receives the outputs. Trees over ``max_fused_nodes`` (at most
     ``SMALL_MAX_NODES``) nodes run the two unfused kernels. ``is_chain=True`` treats every tree as the
-    chain ``parents[i] = i - 1`` (no parent loads, no mask closure), and chains that ``chain_fits`` run the
-    recurrence kernel (``chain_conv_scan_triton``) unless ``chain=False``; ``block_p``/``num_warps`` tune the tile.
+    chain ``parents[i] = i - 1`` (no parent loads, no mask closure); ``block_p``/``num_warps`` tune the tile.
     """
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
@@ -130,9 +128,6 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
                          f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
     width = conv_w.shape[1]
-    if is_chain and (chain if chain is not None else True) and chain_fits(n, s, width):
-        return chain_conv_scan_triton(xBC, conv_state, conv_w, conv_b, dt_raw, dt_bias, dt_limit, A, D, ngroups,
-                                      headdim, ssm_state, out, block_p=block_p, num_warps=num_warps)
     if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > SMALL_MAX_STATE or width < 2:  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
                            dt=(dt_raw, dt_bias, dt_limit, dt), is_chain=is_chain)

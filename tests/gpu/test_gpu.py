@@ -170,35 +170,6 @@ def test_fused_tree_conv_scan_matches_reference(dtype, tol, heads, headdim, d_st
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads, headdim, d_state, ngroups", [(8, 64, 64, 1), (80, 64, 128, 1), (8, 32, 48, 2)])
-@pytest.mark.parametrize("n", [1, 5, 16])
-def test_chain_conv_scan_matches_reference(dtype, tol, heads, headdim, d_state, ngroups, n):
-    """The chain recurrence kernel (``is_chain``) equals the tree reference on chains (NaN-poisoned outputs)."""
-    from stree.bench.launches import count_launches
-    from stree.kernels.compare import rel_err
-    from stree.kernels.tree_conv_scan import tree_conv_scan_ref
-    from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton
-
-    g = torch.Generator(device="cuda").manual_seed(heads + d_state + n)
-    b, k = 3, 4
-    c = heads * headdim + 2 * ngroups * d_state
-    parents = (torch.arange(n, device="cuda") - 1).expand(b, n).contiguous()
-    rnd = lambda *s, scale=1.0: (torch.randn(*s, device="cuda", generator=g) * scale).to(dtype)  # noqa: E731
-    args = (rnd(b, n, c), rnd(b, c, k - 1), rnd(c, k, scale=0.5), rnd(c), parents, rnd(b, n, heads) - 3.0,
-            rnd(heads), (0.0, float("inf")), "silu",
-            -torch.exp(torch.rand(heads, device="cuda", generator=g) * 2.7), torch.randn(heads, device="cuda", generator=g),
-            ngroups, headdim, torch.randn(b, heads, headdim, d_state, device="cuda", generator=g) * 0.5)
-    want = tree_conv_scan_ref(*args)
-    outs = tuple(torch.full_like(w, float("nan")) for w in want)
-    with count_launches() as launches:
-        tree_conv_scan_triton(*args, out=outs, is_chain=True)
-    assert launches["triton._chain_conv_scan_kernel"] == 1
-    for got, ref in zip(outs, want):
-        assert torch.isfinite(got).all()
-        assert rel_err(got, ref) < (1e-5 if ref.dtype == torch.float32 and got is outs[2] else tol)
-
-
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("batch, length", [(1, 130), (16, 77)])
 def test_chunked_prefill_scan_matches_reference(dtype, tol, batch, length):
     """Our prefill scan (64-token chunks; fp32 in 32-node tiles, half in one tile) against the fp32 reference."""
