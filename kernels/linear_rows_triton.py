@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from stree.kernels.norms_triton import row_major
 
 MAX_ROWS = 32
 MAX_K = 16384
@@ -166,9 +167,9 @@ def linear_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 def add_rmsnorm_linear_rows_triton(x, residual, norm_weight, eps, residual_in_fp32, weight, bias=None, **knobs):
     """``add_rmsnorm`` then ``F.linear`` in one launch: returns ``(y, new residual)`` (see ``norm_linear``)."""
     d = x.shape[-1]
-    x2 = x.reshape(-1, d).contiguous()
+    x2 = row_major(x, d)
     _check(x2, weight, bias)
-    r = residual.reshape(-1, d).contiguous() if residual is not None else None
+    r = row_major(residual, d) if residual is not None else None
     rout = torch.empty(x2.shape, device=x.device, dtype=torch.float32 if residual_in_fp32 else x.dtype)
     y = _launch(x2, weight, bias, r=r, nw=norm_weight, rout=rout, eps=eps, pro=1, **knobs)
     return y.reshape(*x.shape[:-1], weight.shape[0]), rout.view(x.shape)
@@ -180,7 +181,7 @@ def gated_rmsnorm_linear_rows_triton(y, z, norm_weight, group_size, eps, norm_be
     d = y.shape[-1]
     if d % group_size:
         raise ValueError(f"gated norm: {d} channels do not split into groups of {group_size}")
-    y2, z2 = y.reshape(-1, d).contiguous(), z.reshape(-1, d).contiguous()
+    y2, z2 = row_major(y, d), row_major(z, d)
     _check(y2, weight, bias)
     out = _launch(y2, weight, bias, z=z2, nw=norm_weight, eps=eps, group=group_size, pro=2, nbg=norm_before_gate,
                   **knobs)

@@ -55,17 +55,18 @@ def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps, s_y,
     tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
-    """``t`` as ``[rows, d]`` with unit column stride, a view where the strides allow (else a copy)."""
+def row_major(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``t`` as ``[rows, d]`` with unit column stride, a view where the strides allow (else a copy): a column
+    slice of in_proj's output costs no copy, since the kernels take row strides."""
     t2 = t.reshape(-1, d)
-    return t2 if t2.stride(1) == 1 else t2.contiguous()
+    return t2 if t2.stride(1) == 1 or d == 1 else t2.contiguous()
 
 
 def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
     d = y.shape[-1]
     if d % group_size:
         raise ValueError(f"gated_rmsnorm: width {d} is not a multiple of group_size {group_size}")
-    yf, zf = _rows(y, d), _rows(z, d)  # z is usually a column slice of in_proj's output: no copy
+    yf, zf = row_major(y, d), row_major(z, d)  # z is usually a column slice of in_proj's output: no copy
     out = torch.empty(yf.shape, device=y.device, dtype=y.dtype)
     _gated_rmsnorm_kernel[(yf.shape[0], d // group_size)](
         yf, zf, weight, out, d, group_size, eps, yf.stride(0), zf.stride(0), NORM_BEFORE_GATE=norm_before_gate,

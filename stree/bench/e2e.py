@@ -22,7 +22,7 @@ from stree.protocols.registry import create_drafter
 
 from stree.verifier.model.checkpoint import load_model
 from stree.protocols.drafter import DEFAULT_BUDGET
-from stree.verifier.decode.loop import generate
+from stree.verifier.decode.loop import generate, warm_up_engines
 from stree.bench.common import (DEMO_DRAFT, DEMO_TARGET, add_device_args, device_and_dtype, record_meta,
                                 save_record)
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
@@ -168,6 +168,9 @@ def run(args) -> int:
     # graph captures and kernel compilation happen here, not in the timings; the longest prompt sizes each
     # method's engine for every prompt to come (a larger one later would be rebuilt and recaptured mid-run)
     warm = max((ids for s in sets for _, ids in prompt_sets[s]), key=len)
+    for m, d in drafters.items():
+        generate(target, warm, drafter=d, max_new_tokens=args.max_new_tokens, temperature=args.temperatures[0], seed=0)
+    warm_up_engines(target)  # auto: every step path captured now (one generate call takes only some of them)
     for m, d in drafters.items():
         for t in args.temperatures:
             generate(target, warm, drafter=d, max_new_tokens=args.max_new_tokens, temperature=t, seed=0)

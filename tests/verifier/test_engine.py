@@ -79,6 +79,12 @@ def test_plain_engine_and_goodput_choice_equal_plain(models):
     assert [r.output for r in reqs] == [_reference(model, p, 30) for p in prompts]
     tried = {row["shape"] for row in engine.goodput.table() if row["steps"] > 0}
     assert tried == {"none", "chain:2", "static:2,1", "beam:2x2"}
+    assert {row["sampled"] for row in engine.goodput.table()} == {False}  # greedy traffic only so far
+    engine.run([Request(p, max_new_tokens=12, params=SamplingParams(temperature=1.0)) for p in prompts])
+    steps = {(row["shape"], row["sampled"]): row["steps"] for row in engine.goodput.table()}
+    assert sum(n for (_, sampled), n in steps.items() if sampled) > 0  # sampled steps fed their own statistics
+    assert {s: n for (s, sampled), n in steps.items() if not sampled} == {
+        row["shape"]: row["steps"] for row in engine.goodput.modes[False].table()}
 
 
 def test_host_drafter_trees_are_padded_into_the_step(models):
@@ -171,7 +177,7 @@ def test_plain_steps_leave_a_lazy_drafter_behind_and_it_catches_up_exactly(model
     schedule = [plain] * (engine_mod.CATCH_UP + 4) + [chain, plain, plain, chain, chain] + [plain] * 3
     calls = []
 
-    def choose():
+    def choose(sampled=False):
         calls.append(1)
         return schedule[(len(calls) - 1) % len(schedule)]
 
@@ -195,7 +201,7 @@ def test_goodput_defers_the_drafter_until_a_draft_and_refreshes_it_exactly(model
     plain, chain = engine.shapes
     schedule = [plain] * (engine_mod.CATCH_UP + 3) + [chain, plain, chain, chain] + [plain] * 2
     calls, prefills = [], []
-    engine._choose = lambda: (calls.append(1), schedule[(len(calls) - 1) % len(schedule)])[1]
+    engine._choose = lambda sampled=False: (calls.append(1), schedule[(len(calls) - 1) % len(schedule)])[1]
     real = drafter.prefill_slots
     drafter.prefill_slots = lambda slots, ctxs: (prefills.extend([len(calls)] * len(slots)), real(slots, ctxs))[1]
     prompts = [[5, 9, 13], [2], [40, 41, 42, 43], [7, 7]]
@@ -213,7 +219,7 @@ def test_plain_choices_never_run_the_drafter(models):
     model, draft = models["mamba2"], models["draft"]
     drafter = DeviceTreeDrafter(draft)
     engine = Engine(model, drafter, ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
-    engine._choose = lambda: engine.shapes[0]
+    engine._choose = lambda sampled=False: engine.shapes[0]
     drafter.prefill_slots = drafter.catch_up = drafter.step_roots = None  # would raise if called
     prompts = [[5, 9, 13], [2], [4, 4]]
     reqs = engine.run([Request(p, max_new_tokens=25) for p in prompts])
@@ -232,8 +238,8 @@ def test_a_draft_that_needed_a_drafter_refresh_is_charged_for_it(models):
     engine._refresh_drafter = lambda: (_time.sleep(0.2), refresh())
     seen = []
     observe = engine.goodput.observe
-    engine.goodput.observe = lambda shape, tau, seconds, refresh_s: (seen.append((str(shape), refresh_s)),
-                                                                     observe(shape, tau, seconds, refresh_s))
+    engine.goodput.observe = lambda shape, tau, seconds, refresh_s, **kw: (seen.append((str(shape), refresh_s)),
+                                                                           observe(shape, tau, seconds, refresh_s, **kw))
     engine.run([Request([5, 9, 13], max_new_tokens=12), Request([2], max_new_tokens=12)])
     assert engine.metrics["drafter_refreshes"] == 2
     chain = [sec for shape, sec in seen if shape == "chain:2"]
@@ -253,9 +259,9 @@ def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
         # CPU has no graphs: each key's first run stands for the one that captured its graph
         engine.graphs.setdefault(key, None)
 
-    def spy(t0, shape):
+    def spy(t0, shape, *args):
         before = len(engine.graphs)
-        out = launch(t0, shape)
+        out = launch(t0, shape, *args)
         launched.append((str(shape), len(engine.graphs) > before))
         return out
 

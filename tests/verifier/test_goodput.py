@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.decode.goodput import GoodputController
 
@@ -97,3 +98,40 @@ def test_a_retry_runs_min_samples_steps_whose_mean_outweighs_the_old_estimate():
     assert ctl.stats[chain].retry_seen == 1 and ctl.choose() == chain
     ctl.observe(chain, 3.5, 1.0)
     assert not ctl.stats[chain].retrying and abs(ctl.stats[chain].tau - 2.5) < 1e-9 and before == 0.5
+
+
+def test_greedy_and_sampled_steps_keep_separate_statistics():
+    """A draft that pays for greedy rows and not for sampled ones: each mode settles on its own best shape, and
+    the sampled mode's samples never move the greedy mode's numbers."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=10_000, min_samples=2)
+    tau = {False: {"none": 1.0, "chain:3": 3.0}, True: {"none": 1.0, "chain:3": 1.2}}
+    cost = {"none": 1.0, "chain:3": 2.0}
+    for sampled in (False, True, False, True):
+        for _ in range(12):
+            s = ctl.choose(sampled)
+            ctl.observe(s, tau[sampled][str(s)], cost[str(s)], sampled=sampled)
+    assert ctl.choose(False) == chain and ctl.choose(True) == plain
+    assert ctl.stats[chain].tau == pytest.approx(3.0) and ctl.mode(True).stats[chain].tau == pytest.approx(1.2)
+    rows = {(r["shape"], r["sampled"]): r for r in ctl.table()}
+    assert set(rows) == {(s, m) for s in ("none", "chain:3") for m in (False, True)}
+
+
+def test_an_explore_budget_bounds_the_time_retries_lose():
+    """A draft 2x slower per token than plain decoding is retried less often with a budget, and its retries
+    lose at most about the budget's fraction of the measured time; without it they lose more."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    cost, tau = {"none": 1.0, "chain:3": 4.0}, {"none": 1.0, "chain:3": 2.0}  # chain loses 2 s per step
+
+    def lost_fraction(**kw):
+        ctl = GoodputController([plain, chain], retry_every=8, max_retry_every=64, min_samples=2, **kw)
+        chosen = _run(ctl, 4000, cost, tau)
+        return 2.0 * chosen[40:].count("chain:3") / ctl.mode().clock
+
+    with_budget, without = lost_fraction(explore_budget=0.02), lost_fraction()
+    assert with_budget <= 0.022 and without > 2 * with_budget
+
+
+def test_a_bad_explore_budget_is_refused():
+    with pytest.raises(ValueError, match="explore_budget"):
+        GoodputController([TreeShape.parse("none")], explore_budget=0.0)

@@ -25,7 +25,7 @@ from stree.kernels.cuda_graph import capture_graph
 from stree.protocols.device_drafter import DeviceDrafter
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, DrafterSession
 from stree.protocols.sampling import RowSampling, SamplingParams
-from stree.protocols.token_tree import DraftMode, TreeBatch
+from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.goodput import GoodputController
@@ -37,6 +37,8 @@ from stree.verifier.model.lm import StreeLM
 log = logging.getLogger(__name__)
 
 PLAIN = TreeShape.parse("none")
+EXPLORE_BUDGET = 0.02
+"""Goodput control's retries may lose at most this fraction of the run against the best shape (see goodput.py)."""
 CATCH_UP = 16
 """Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass; past
 that, the drafter's slots go stale and are prefilled afresh from the sequence before its next draft."""
@@ -131,13 +133,13 @@ class _Launched:
     shape: TreeShape
     slots: list  # the request in each slot when the step was launched (None: idle)
     event: object
-    tokens: torch.Tensor  # host copies (pinned on CUDA)
-    counts: torch.Tensor
+    out: torch.Tensor  # host copy of the step's output (pinned on CUDA): per row its tokens, then their count
     host_s: float
     drafted: int
     timer: tuple  # (start, end) CUDA events, or the step's wall seconds on the CPU
     measured: bool = True  # False when the step also captured a graph: its time is no cost sample
     refresh_s: float = 0.0  # the drafter refresh this step needed first (wall seconds): part of its cost
+    sampled: bool = False  # some row sampled (goodput statistics are kept per sampling mode)
 
 
 class Engine:
@@ -180,7 +182,7 @@ class Engine:
         self.cuda = self.device.type == "cuda"
         self.cuda_graphs = self.cuda if cuda_graphs is None else (bool(cuda_graphs) and self.cuda)
         self.overlap = overlap and self.cuda
-        self.goodput = GoodputController(self.shapes) if goodput and len(self.shapes) > 1 else None
+        self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
         # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
         self.defer_drafter = self.lazy and self.goodput is not None
         # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
@@ -199,6 +201,9 @@ class Engine:
         self.step_host_s: list[float] = []
         self.forced_shapes: Optional[list] = None  # warm_up cycles through these instead of choosing
         self._forced_at = 0
+
+    def _goodput(self) -> GoodputController:
+        return GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -262,6 +267,17 @@ class Engine:
             count = torch.full((b,), n, dtype=torch.long, device=dev)
             self._layouts[shape] = (depth, count, torch.ones(b, n, dtype=torch.bool, device=dev))
         return self._layouts[shape]
+
+    def _ancestors(self, shape: TreeShape) -> Optional[torch.Tensor]:
+        """The tree attention mask of a layout whose parents never change (chain, static), made once: the
+        target's tree pass would otherwise rebuild it every step (a dozen small launches). None for beams."""
+        if shape.kind not in ("chain", "static"):
+            return None
+        key = ("ancestors", shape)
+        if key not in self._layouts:
+            parents = torch.tensor(shape.static_parents(), device=self.device)
+            self._layouts[key] = ancestor_mask(parents.expand(self.batch, -1).contiguous())
+        return self._layouts[key]
 
     # ----- requests -----------------------------------------------------------------------------
     def add(self, request: Request) -> Request:
@@ -351,10 +367,10 @@ class Engine:
 
     # ----- the step (device code) -----------------------------------------------------------------
     def _verify_commit(self, tokens, parents, depth, count, valid, q, mode, max_depth: int, max_width: int,
-                       any_sampled: bool, is_chain: bool = False):
+                       any_sampled: bool, is_chain: bool = False, anc: Optional[torch.Tensor] = None):
         trees = TreeBatch(tokens, parents, depth, count, is_chain)
         with record_function("stree.target_tree_pass"):
-            logits, acts, hidden = self.model.tree_forward(trees, self.state, return_hidden=True)
+            logits, acts, hidden = self.model.tree_forward(trees, self.state, anc_mask=anc, return_hidden=True)
         with record_function("stree.verify"):
             res = self._verify(tokens, parents, valid, logits, mode, q, max_depth, max_width, any_sampled)
         with record_function("stree.target_commit"):
@@ -403,7 +419,7 @@ class Engine:
         res = self._verify_commit(draft.tokens, draft.parents, depth, count, valid,
                                   draft.q if any_sampled else None, draft.mode if any_sampled else
                                   DraftMode.DETERMINISTIC, shape.max_depth, shape.max_width, any_sampled,
-                                  shape.is_chain)
+                                  shape.is_chain, self._ancestors(shape))
         with record_function("stree.draft_commit"):
             self.drafter.commit(res.path, res.path_len)
         self._finish_step(res)
@@ -489,7 +505,8 @@ class Engine:
         self._admit()
         emitted: list = []
         if self.num_running:
-            shape = self._choose()
+            sampled = self._any_sampled()
+            shape = self._choose(sampled)
             refresh_s = 0.0
             if shape.kind not in ("none", "host") and any(self.stale[i] for i in self._running()):
                 emitted += self._drain()
@@ -498,7 +515,7 @@ class Engine:
                 refresh_s = time.perf_counter() - t1
                 self.metrics["refresh_s"] += refresh_s
             if self.num_running:
-                launched = self._launch(t0, shape)
+                launched = self._launch(t0, shape, sampled)
                 launched.refresh_s = refresh_s
                 self.pending.append(launched)
         while self.pending and (len(self.pending) > 1 or not self.overlap or not self.num_running
@@ -538,18 +555,22 @@ class Engine:
         if freed:
             self._sync_idle()
 
-    def _choose(self) -> TreeShape:
+    def _any_sampled(self) -> bool:
+        return any(r is not None and not r.params.greedy for r in self.slots)
+
+    def _choose(self, sampled: bool = False) -> TreeShape:
         if self.forced_shapes is not None:
             self._forced_at += 1
             return self.forced_shapes[(self._forced_at - 1) % len(self.forced_shapes)]
         if self.host:
             return self.shapes[-1]
         if self.goodput is not None:
-            return self.goodput.choose()
+            return self.goodput.choose(sampled)
         return self.shapes[0]
 
-    def _launch(self, t0: float, shape: TreeShape) -> _Launched:
-        any_sampled = any(r is not None and not r.params.greedy for r in self.slots)
+    def _launch(self, t0: float, shape: TreeShape, any_sampled: Optional[bool] = None) -> _Launched:
+        if any_sampled is None:
+            any_sampled = self._any_sampled()
         # sampled steps warp with or without the top-k/top-p sorts: one graph each (the last key element)
         filtered = any_sampled and self.sampling.filtered
         drafted = 0
@@ -577,21 +598,22 @@ class Engine:
         self._host_turn = (turn + 1) % len(self._host_out)
         if self.cuda:
             start, end, event = self._events[turn]
-            start.record()
+            stream = torch.cuda.current_stream(self.device)  # looked up once: each lookup costs the host microseconds
+            start.record(stream)
             self._run_step(key, catch_up)
-            end.record()
+            end.record(stream)
             timer = (start, end)
             host = self._host_out[turn]
             host.copy_(self.out, non_blocking=True)
-            tokens, counts = host[:, :-1], host[:, -1]
-            event.record()
+            event.record(stream)
         else:
             t1 = time.perf_counter()
             self._run_step(key, catch_up)
             timer = (time.perf_counter() - t1,)
-            tokens, counts, event = self.out_tokens.clone(), self.out_counts.clone(), None
-        return _Launched(shape, list(self.slots), event, tokens, counts, time.perf_counter() - t0, drafted, timer,
-                         measured=len(self.graphs) == graphs_before)  # no graph was captured in it
+            host, event = self.out.clone(), None
+        return _Launched(shape, list(self.slots), event, host, time.perf_counter() - t0, drafted, timer,
+                         measured=len(self.graphs) == graphs_before,  # no graph was captured in it
+                         sampled=any_sampled)
 
     def _run_step(self, key, catch_up: bool) -> None:
         if catch_up:
@@ -606,13 +628,14 @@ class Engine:
         if step.event is not None:
             step.event.synchronize()
         t1 = time.perf_counter()
-        tokens, counts = step.tokens.tolist(), step.counts.tolist()
+        rows = step.out.tolist()  # one host read: each row's tokens, then their count last
         out, accepted = [], []
         freed = False
         for i, req in enumerate(step.slots):
             if req is None or req.done:
                 continue
-            new = tokens[i][: counts[i]]
+            row = rows[i]
+            new = row[: row[-1]]
             req.steps += 1
             drafted = step.drafted if step.shape.kind != "host" else req.host_drafted
             req.num_draft_tokens += drafted
@@ -647,7 +670,8 @@ class Engine:
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
         # a step that first refreshed a stale drafter is charged part of it (GoodputController.observe)
         if self.goodput is not None and accepted and step.measured:
-            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s)
+            self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s,
+                                 sampled=step.sampled)
         return out
 
     def _shape_metrics(self, shape: TreeShape) -> tuple[str, str]:
@@ -771,7 +795,7 @@ class Engine:
         finally:
             self.forced_shapes = None
         if self.goodput is not None:
-            self.goodput = GoodputController(self.shapes)
+            self.goodput = self._goodput()
         self.metrics.clear()
         self.step_host_s.clear()
         return len(self.graphs)

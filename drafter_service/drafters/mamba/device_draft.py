@@ -17,7 +17,7 @@ import torch
 from stree.drafter_service.drafters.gumbel import pick_children
 from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
-from stree.protocols.token_tree import DraftMode, TreeBatch
+from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.model.graphed_prefill import PrefillRunner
 
@@ -37,6 +37,7 @@ class DeviceTreeDrafter:
         self.state = None
         self.acts = None
         self._layout: dict = {}
+        self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
 
     def supports(self, shape: TreeShape) -> bool:
         return shape.kind in self.KINDS
@@ -56,12 +57,13 @@ class DeviceTreeDrafter:
         if shape not in self._layout:
             b, n, dev = self.state.batch_size, shape.num_nodes, self.model.device
             depth = torch.tensor(shape.depths(), device=dev).expand(b, n).contiguous()
-            parents = None
-            if shape.kind != "beam":
+            parents = anc = None
+            if shape.kind != "beam":  # fixed parents: the tree attention mask (if any) is made once, too
                 parents = torch.tensor(shape.static_parents(), device=dev).expand(b, n).contiguous()
-            self._layout[shape] = (depth, torch.full((b,), n, dtype=torch.long, device=dev), parents)
+                anc = ancestor_mask(parents) if self._attends else None
+            self._layout[shape] = (depth, torch.full((b,), n, dtype=torch.long, device=dev), parents, anc)
         self.shape = shape
-        self.depth, self.num_nodes, self.static_parents = self._layout[shape]
+        self.depth, self.num_nodes, self.static_parents, self.anc = self._layout[shape]
         self.starts = shape.level_starts()
 
     def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
@@ -81,7 +83,7 @@ class DeviceTreeDrafter:
     # ----- one draft ----------------------------------------------------------------------------
     def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):
         trees = TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
-        logits, acts = self.model.tree_forward(trees, self.state)
+        logits, acts = self.model.tree_forward(trees, self.state, anc_mask=self.anc)
         if self.head is not None:
             logits = self.head.mask(logits)
         return logits, acts
@@ -159,10 +161,13 @@ class DeviceTreeDrafter:
         b, n = backlog.shape
         if ("catch_up", n) not in self._layout:
             chain = torch.arange(n, device=backlog.device)
-            self._layout[("catch_up", n)] = ((chain - 1).expand(b, n).contiguous(), chain.expand(b, n).contiguous(),
-                                             torch.full((b,), n, dtype=torch.long, device=backlog.device))
-        parents, path, num_nodes = self._layout[("catch_up", n)]
-        _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes, is_chain=True), self.state)
+            parents = (chain - 1).expand(b, n).contiguous()
+            self._layout[("catch_up", n)] = (parents, chain.expand(b, n).contiguous(),
+                                             torch.full((b,), n, dtype=torch.long, device=backlog.device),
+                                             ancestor_mask(parents) if self._attends else None)
+        parents, path, num_nodes, anc = self._layout[("catch_up", n)]
+        _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes, is_chain=True), self.state,
+                                          anc_mask=anc)
         self.model.commit(self.state, acts, path, count, min_len=0)
 
 
