@@ -334,6 +334,24 @@ def test_mixed_prompt_lengths_share_one_engine(models):
     assert engine_for(model, drafter, args[0], args[1], 1900, *args[2:]) is long
 
 
+def test_warm_up_engines_warms_each_goodput_engine_once(models):
+    """Benchmarks call warm_up_engines before every timed row: an engine it already warmed is left alone (its
+    graphs are held), and output stays exact. On the CPU the engine is told it has graphs (captures fail and it
+    runs eagerly), as in the warm-up test above."""
+    from stree.verifier.decode.loop import generate, warm_up_engines
+
+    model, draft = models["mamba2"], models["draft"]
+    model.__dict__.pop("_stree_engines", None)
+    prompt = [3, 5, 7]
+    generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=6)
+    (_, engine, _), = model.__dict__["_stree_engines"].values()
+    engine.cuda_graphs = True
+    assert warm_up_engines(model) == 1 and engine.warmed_up
+    assert warm_up_engines(model) == 0
+    out = generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=12)
+    assert out.token_ids == _reference(model, prompt, 12)
+
+
 def test_a_named_drafter_keeps_one_engine_across_generate_calls(models):
     """generate(drafter="mamba") builds the drafter once per target and options, so its engine (and the
     CUDA graphs it holds) serves every later call: before, each call built a new drafter and engine."""

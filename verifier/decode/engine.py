@@ -200,6 +200,7 @@ class Engine:
         self._metric_names: dict = {}
         self.step_host_s: list[float] = []
         self.forced_shapes: Optional[list] = None  # warm_up cycles through these instead of choosing
+        self.warmed_up = False  # warm_up captured every step graph (warm_up_engines then leaves the engine alone)
         self._forced_at = 0
 
     def _goodput(self) -> GoodputController:
@@ -568,9 +569,7 @@ class Engine:
             return self.goodput.choose(sampled)
         return self.shapes[0]
 
-    def _launch(self, t0: float, shape: TreeShape, any_sampled: Optional[bool] = None) -> _Launched:
-        if any_sampled is None:
-            any_sampled = self._any_sampled()
+    def _launch(self, t0: float, shape: TreeShape, any_sampled: bool) -> _Launched:
         # sampled steps warp with or without the top-k/top-p sorts: one graph each (the last key element)
         filtered = any_sampled and self.sampling.filtered
         drafted = 0
@@ -794,6 +793,7 @@ class Engine:
                     self.run([Request([0, 0], max_new_tokens=steps, params=params)])
         finally:
             self.forced_shapes = None
+        self.warmed_up = True
         if self.goodput is not None:
             self.goodput = self._goodput()
         self.metrics.clear()

@@ -85,8 +85,9 @@ class ShapeChooser:
         for s in self.shapes:  # measure every shape before trusting the numbers
             if self.stats[s].seen < self.min_samples:
                 return s
-        if not self.burst and any(self._due(s) for s in self.shapes):
-            half = [s for s in self.shapes if s != self.current and self._due(s, 0.5)]
+        best = self.best()
+        if not self.burst and any(self._due(s, best) for s in self.shapes):
+            half = [s for s in self.shapes if s != self.current and self._due(s, best, 0.5)]
             self.burst = [s for s in sorted(half, key=lambda s: self.stats[s].last_step)
                           for _ in range(self.min_samples)]
         if self.burst:
@@ -95,23 +96,22 @@ class ShapeChooser:
             if not r.retrying:
                 r.retrying, r.retry_seen = True, 0
             return shape
-        best = self.best()
         if self.current is not None and self.rate(best) < (1 + self.hysteresis) * self.rate(self.current):
             return self.current
         self.current = best
         return best
 
-    def _due(self, shape: TreeShape, frac: float = 1.0) -> bool:
+    def _due(self, shape: TreeShape, best: TreeShape, frac: float = 1.0) -> bool:
         """Whether ``shape`` is ``frac`` of the way to its retry: its retry interval in steps has passed and,
-        with an ``explore_budget``, enough measured time that the retry's expected loss against the best
+        with an ``explore_budget``, enough measured time that the retry's expected loss against the ``best``
         shape (``min_samples`` steps at its last known rate) stays within that fraction of the run."""
         r = self.stats[shape]
         if self.step - r.last_step <= r.retry_every * frac:
             return False
         if self.explore_budget is None:
             return True
-        best = self.rate(self.best())
-        loss = self.min_samples * max(0.0, r.cost - (r.tau / best if best > 0 else 0.0))
+        rate = self.rate(best)
+        loss = self.min_samples * max(0.0, r.cost - (r.tau / rate if rate > 0 else 0.0))
         return self.clock - r.last_clock >= frac * loss / self.explore_budget
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
@@ -167,12 +167,6 @@ class GoodputController:
     def current(self) -> TreeShape | None:
         """The greedy mode's shape chosen on merit last."""
         return self.modes[False].current
-
-    def rate(self, shape: TreeShape, sampled: bool = False) -> float:
-        return self.mode(sampled).rate(shape)
-
-    def best(self, sampled: bool = False) -> TreeShape:
-        return self.mode(sampled).best()
 
     def choose(self, sampled: bool = False) -> TreeShape:
         return self.mode(sampled).choose()

@@ -340,12 +340,13 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
 
 def warm_up_engines(model: StreeLM) -> int:
     """Capture every step graph of every idle goodput-controlled engine ``generate`` has cached on ``model``
-    (``Engine.warm_up``: each shape greedy and sampled, plain steps with and without a drafter to feed, the
-    drafter's catch-up). A first ``generate`` call only captures the paths its own steps took, so a later
-    call could still stall on a capture or a kernel compile; benchmarks call this before timing, as the
-    server does at start. Their goodput statistics start afresh. Returns the number of engines warmed."""
+    and not warmed yet (``Engine.warm_up``: each shape greedy and sampled, plain steps with and without a
+    drafter to feed, the drafter's catch-up). A first ``generate`` call only captures the paths its own
+    steps took, so a later call could still stall on a capture or a kernel compile; benchmarks call this
+    before timing, as the server does at start. Their goodput statistics start afresh. Returns the number
+    of engines warmed."""
     engines = [e for _, e, _ in model.__dict__.get("_stree_engines", {}).values()
-               if e.goodput is not None and not e.has_work]
+               if e.goodput is not None and not e.has_work and not e.warmed_up]
     for engine in engines:
         engine.warm_up()
     return len(engines)
