@@ -16,6 +16,7 @@ _OPS = {
     "tree_conv1d": ("tree_conv:tree_conv1d_ref", "tree_conv_triton:tree_conv1d_triton"),
     "tree_conv_scan": ("tree_conv_scan:tree_conv_scan_ref", "tree_conv_scan_triton:tree_conv_scan_triton"),
     "replay": ("replay:replay_ref", "replay_triton:replay_triton"),
+    "replay_layers": ("replay:replay_layers_ref", "replay_triton:replay_layers_triton"),
     "mamba_step": ("mamba_step:mamba_step_ref", "mamba_step_triton:mamba_step_triton"),
     "ssd_step": ("decode_step:ssd_step_ref", "decode_step_triton:ssd_step_triton"),
     "conv_step": ("decode_step:conv_step_ref", "decode_step_triton:conv_step_triton"),
@@ -61,22 +62,40 @@ def tree_conv1d(xBC, conv_state, weight, bias, parents):
 
 
 def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-                   headdim, ssm_state, is_chain: bool = False):
+                   headdim, ssm_state, is_chain: bool = False, acts_out=None):
     """The tree pass between in_proj and the gated norm (conv + activation, dt, tree scan) in one launch:
     ``(y [B, N, H, P], xbc [B, N, C] post-conv, dt [B, N, H] float32)``.
 
     The fused kernel takes SiLU and conv width >= 2; anything else runs the reference. ``is_chain``
     (every row of ``parents`` is ``i - 1``) lets the kernel skip the parent walk; the reference reads ``parents``.
+    ``acts_out = (xbc, dt, pre)`` (optional) receive ``xbc``, ``dt`` and a copy of ``xBC``: slices of stacked
+    buffers, so that the commit replays every layer in one launch (``replay_layers``).
     """
+    ref = _load(_OPS["tree_conv_scan"][0])
     op = get("tree_conv_scan", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
-        op = _load(_OPS["tree_conv_scan"][0])
-    return op(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups,
-              headdim, ssm_state, is_chain=is_chain)
+        op = ref
+    args = (xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation, A, D, ngroups, headdim,
+            ssm_state)
+    if acts_out is None:
+        return op(*args, is_chain=is_chain)
+    xbc_out, dt_out, pre_out = acts_out
+    if op is not ref:
+        return op(*args, is_chain=is_chain, out=(None, xbc_out, dt_out), pre=pre_out)
+    y, xbc, dt = op(*args, is_chain=is_chain)
+    xbc_out.copy_(xbc)
+    dt_out.copy_(dt)
+    pre_out.copy_(xBC)
+    return y, xbc_out, dt_out
 
 
 def replay(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
     return get("replay", x.device)(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len)
+
+
+def replay_layers(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    """``replay`` of every layer of stacked ``[L, ...]`` tensors (``A`` ``[L, H]``), in one launch."""
+    return get("replay_layers", x.device)(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len)
 
 
 def mamba_step(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation):

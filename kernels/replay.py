@@ -45,3 +45,10 @@ def replay_ref(
         take = path_len[:, None] + torch.arange(km1, device=path.device)[None, :]  # rows ending at path end
         new_conv = torch.gather(ext, 1, take[:, :, None].expand(-1, -1, ext.shape[2]))  # [B, K-1, C]
         conv_state.copy_(new_conv.transpose(1, 2).to(conv_state.dtype))
+
+
+def replay_layers_ref(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len) -> None:
+    """``replay_ref`` on every layer of stacked ``[L, ...]`` states and activations (one shared path per row)."""
+    for layer in range(ssm_state.shape[0]):
+        replay_ref(ssm_state[layer], conv_state[layer], x[layer], dt[layer], A[layer], Bm[layer], xBC[layer], path,
+                   path_len)

@@ -1,6 +1,8 @@
 """Activation replay in one Triton launch: new SSM and conv states along each accepted path, in place.
 
-Programs ``[0, n_ssm)`` each own a (sequence, head, headdim block, d_state block) tile of the SSM state and fold
+The grid's second axis runs over layers: ``replay_layers_triton`` commits every Mamba2 layer of a model in
+one launch when their states and activations are stacked ``[L, ...]`` views (``layer_stack``). Along the
+first axis, programs ``[0, n_ssm)`` each own a (sequence, head, headdim block, d_state block) tile of the SSM state and fold
 the path in chunks: ``H <- exp(s_tot) H + sum_m exp(s_tot - s_m) dt_m x_m B_m^T`` (one fp32 product
 per chunk). The remaining programs each own a channel block of the conv state and copy in the
 last ``K-1`` pre-conv rows. Work follows ``path_len`` (read on the device), not the tree size.
@@ -17,6 +19,7 @@ import triton.language as tl
 def _replay_kernel(
     h_ptr, cs_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, xbc_ptr, path_ptr, plen_ptr,
     H, P, S, C, M, heads_per_group, n_pblocks, n_sblocks, n_ssm, n_cblocks,
+    s_hl, s_sl, s_xl, s_dl, s_al, s_Bl, s_cl,
     s_hb, s_hh, s_hp, s_hs,
     s_sb, s_sc, s_sk,
     s_xb, s_xn, s_xh, s_xp,
@@ -29,6 +32,14 @@ def _replay_kernel(
     BLOCK_M: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)  # int64: a whole model's stacked state passes 2**31 elements
+    h_ptr += layer * s_hl
+    cs_ptr += layer * s_sl
+    x_ptr += layer * s_xl
+    dt_ptr += layer * s_dl
+    A_ptr += layer * s_al
+    B_ptr += layer * s_Bl
+    xbc_ptr += layer * s_cl
     if pid < n_ssm:
         if DO_SSM:
             bh = pid // (n_pblocks * n_sblocks)
@@ -93,64 +104,87 @@ def _replay_kernel(
 
 
 def _launch(ssm, conv, path, path_len, path_is_arange):
-    """One launch over the SSM part ``ssm = (state, x, dt, A, Bm)`` and/or the conv part ``conv = (state, xBC)``."""
+    """One launch over the SSM part ``ssm = (state, x, dt, A, Bm)`` and/or the conv part ``conv = (state, xBC)``,
+    each tensor with a leading layer axis (``[L, ...]``; one layer: ``L = 1``)."""
     ref = path_len
     b = path_len.shape[0]
+    layers = (ssm or conv)[0].shape[0]
     if ssm is not None:
         ssm_state, x, dt, A, Bm = ssm
-        h, p, s = x.shape[2], x.shape[3], Bm.shape[3]
+        h, p, s = x.shape[3], x.shape[4], Bm.shape[4]
         bp = min(32, max(16, triton.next_power_of_2(p)))
         bs = min(64, max(16, triton.next_power_of_2(s)))
         n_pblocks, n_sblocks = triton.cdiv(p, bp), triton.cdiv(s, bs)
-        n_ssm, hpg = b * h * n_pblocks * n_sblocks, h // Bm.shape[2]
-        ssm_strides = (*ssm_state.stride(), *x.stride(), *dt.stride(), *Bm.stride())
+        n_ssm, hpg = b * h * n_pblocks * n_sblocks, h // Bm.shape[3]
+        ssm_strides = (*ssm_state.stride()[1:], *x.stride()[1:], *dt.stride()[1:], *Bm.stride()[1:])
+        ssm_layer = (ssm_state.stride(0), x.stride(0), dt.stride(0), A.stride(0), Bm.stride(0))
     else:
         ssm_state = x = dt = A = Bm = ref
         h = p = s = hpg = n_pblocks = n_sblocks = n_ssm = 0
         bp = bs = 16
-        ssm_strides = (0,) * 16
-    if conv is not None and conv[0].shape[2] > 0:
+        ssm_strides = (0,) * 15
+        ssm_layer = (0,) * 5
+    if conv is not None and conv[0].shape[3] > 0:
         conv_state, xBC = conv
-        c, km1 = xBC.shape[2], conv_state.shape[2]
+        c, km1 = xBC.shape[3], conv_state.shape[3]
         block_c = 256
         n_cblocks = triton.cdiv(c, block_c)
         n_conv = b * n_cblocks
-        conv_strides = (*conv_state.stride(), *xBC.stride())
+        conv_strides = (*conv_state.stride()[1:], *xBC.stride()[1:])
+        conv_layer = (conv_state.stride(0), xBC.stride(0))
     else:
         conv_state = xBC = ref
         c = km1 = n_cblocks = n_conv = 0
         block_c = 16
         conv_strides = (0,) * 6
-    if n_ssm + n_conv == 0:
+        conv_layer = (0, 0)
+    if n_ssm + n_conv == 0 or layers == 0:
         return
     s_h, s_x, s_d, s_B = ssm_strides[0:4], ssm_strides[4:8], ssm_strides[8:11], ssm_strides[11:15]
-    _replay_kernel[(n_ssm + n_conv,)](
+    _replay_kernel[(n_ssm + n_conv, layers)](
         ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len,
         h, p, s, c, path.shape[1], max(hpg, 1), max(n_pblocks, 1), max(n_sblocks, 1), n_ssm, max(n_cblocks, 1),
+        ssm_layer[0], conv_layer[0], *ssm_layer[1:], conv_layer[1],
         *s_h, *conv_strides[0:3], *s_x, *s_d, *s_B, *conv_strides[3:6], *path.stride(),
         KM1=km1, KM1_P2=max(2, triton.next_power_of_2(max(km1, 1))), DO_SSM=n_ssm > 0, DO_CONV=n_conv > 0,
         PATH_IS_ARANGE=path_is_arange, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=4,
     )
 
 
-def replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
-    """Triton ``replay_ref``: writes the new states into ``ssm_state`` and ``conv_state`` in place."""
+def _check(ssm_state, conv_state, x, Bm, xBC, path, path_len, name="replay"):
     if x.dim() != 4 or ssm_state.shape != (x.shape[0], x.shape[2], x.shape[3], Bm.shape[-1]):
-        raise ValueError(f"replay: ssm_state {tuple(ssm_state.shape)} does not match x {tuple(x.shape)} "
+        raise ValueError(f"{name}: ssm_state {tuple(ssm_state.shape)} does not match x {tuple(x.shape)} "
                          f"and B {tuple(Bm.shape)}")
     if path.dim() != 2 or path.shape[0] != x.shape[0] or path_len.shape != (x.shape[0],):
-        raise ValueError(f"replay: path {tuple(path.shape)} / path_len {tuple(path_len.shape)} must be "
+        raise ValueError(f"{name}: path {tuple(path.shape)} / path_len {tuple(path_len.shape)} must be "
                          f"[{x.shape[0]}, M] / [{x.shape[0]}]")
     if conv_state.shape[:2] != (x.shape[0], xBC.shape[2]):
-        raise ValueError(f"replay: conv_state {tuple(conv_state.shape)} does not match xBC {tuple(xBC.shape)}")
+        raise ValueError(f"{name}: conv_state {tuple(conv_state.shape)} does not match xBC {tuple(xBC.shape)}")
+
+
+def replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    """Triton ``replay_ref``: writes the new states into ``ssm_state`` and ``conv_state`` in place."""
+    _check(ssm_state, conv_state, x, Bm, xBC, path, path_len)
+    _launch((ssm_state[None], x[None], dt[None], A[None], Bm[None]), (conv_state[None], xBC[None]), path, path_len,
+            False)
+
+
+def replay_layers_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    """Triton ``replay_layers_ref``: every layer of the stacked ``[L, ...]`` tensors committed in ONE launch."""
+    if not (ssm_state.dim() == 5 and x.dim() == 5 and A.dim() == 2 and conv_state.dim() == 4
+            and len({t.shape[0] for t in (ssm_state, conv_state, x, dt, A, Bm, xBC)}) == 1):
+        raise ValueError("replay_layers: every tensor needs one leading layer axis of the same length "
+                         f"(ssm_state {tuple(ssm_state.shape)}, x {tuple(x.shape)}, A {tuple(A.shape)})")
+    _check(ssm_state[0], conv_state[0], x[0], Bm[0], xBC[0], path, path_len, "replay_layers")
     _launch((ssm_state, x, dt, A, Bm), (conv_state, xBC), path, path_len, False)
 
 
 def replay_ssm_chain_triton(ssm_state, x, dt, A, Bm, length):
     """Fold the first ``length[b]`` rows of a chain (prefill chunk) into ``ssm_state``, in place."""
-    _launch((ssm_state, x, dt, A, Bm), None, length[:, None].expand(-1, x.shape[1]), length, True)
+    _launch((ssm_state[None], x[None], dt[None], A[None], Bm[None]), None, length[:, None].expand(-1, x.shape[1]),
+            length, True)
 
 
 def replay_conv_chain_triton(conv_state, xBC, length):
     """Roll the first ``length[b]`` rows of ``xBC`` into ``conv_state`` (prefill), in place."""
-    _launch(None, (conv_state, xBC), length[:, None], length, True)
+    _launch(None, (conv_state[None], xBC[None]), length[:, None], length, True)

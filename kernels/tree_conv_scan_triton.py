@@ -32,10 +32,10 @@ FUSED_MAX_NODES = 16
 @triton.jit
 def _tree_conv_scan_kernel(
     xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_ptr, dtr_ptr, dtb_ptr, A_ptr, D_ptr, h0_ptr,
-    y_ptr, out_ptr, dt_ptr,
+    y_ptr, out_ptr, dt_ptr, pre_ptr,
     N, H, P, S, G, heads_per_group, dt_lo, dt_hi,
-    s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, IS_CHAIN: tl.constexpr,
+    s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt, s_pre,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, IS_CHAIN: tl.constexpr, HAS_PRE: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, LOG2_BN: tl.constexpr, HALF: tl.constexpr,
 ):
     bh = tl.program_id(0)
@@ -73,12 +73,22 @@ def _tree_conv_scan_kernel(
              y.to(odt), mask=xp_ok)
     out_b = out_ptr + b * s_out[0] + nodes[:, None] * s_out[1]
     tl.store(out_b + x_ch[None, :] * s_out[2], xh.to(out_ptr.dtype.element_ty), mask=xp_ok)
+    # a copy of the pre-conv inputs for a stacked commit (every layer's replay reads them from one tensor)
+    node_in = xbc_b + nodes[:, None] * s_xbc[1]
+    pre_b = pre_ptr + b * s_pre[0] + nodes[:, None] * s_pre[1]
+    if HAS_PRE:
+        tl.store(pre_b + x_ch[None, :] * s_pre[2], tl.load(node_in + x_ch[None, :] * s_xbc[2], mask=xp_ok), mask=xp_ok)
     if pid_p == 0:
         tl.store(dt_ptr + b * s_dt[0] + nodes * s_dt[1] + h * s_dt[2], a, mask=ok)
         if h % heads_per_group == 0:  # the group's first head stores its B and C activations
             xs_ok = ok[:, None] & s_ok[None, :]
             tl.store(out_b + b_ch[None, :] * s_out[2], bv.to(out_ptr.dtype.element_ty), mask=xs_ok)
             tl.store(out_b + c_ch[None, :] * s_out[2], cv.to(out_ptr.dtype.element_ty), mask=xs_ok)
+            if HAS_PRE:
+                tl.store(pre_b + b_ch[None, :] * s_pre[2], tl.load(node_in + b_ch[None, :] * s_xbc[2], mask=xs_ok),
+                         mask=xs_ok)
+                tl.store(pre_b + c_ch[None, :] * s_pre[2], tl.load(node_in + c_ch[None, :] * s_xbc[2], mask=xs_ok),
+                         mask=xs_ok)
 
 
 def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, D, ngroups, headdim, ssm_state):
@@ -106,11 +116,12 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
-                          A, D, ngroups, headdim, ssm_state, *, out=None, max_fused_nodes=FUSED_MAX_NODES,
+                          A, D, ngroups, headdim, ssm_state, *, out=None, pre=None, max_fused_nodes=FUSED_MAX_NODES,
                           is_chain=False, block_p=None, num_warps=None):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
-    ``out = (y, xbc, dt)`` (optional) receives the outputs. Trees over ``max_fused_nodes`` (at most
+    ``out = (y, xbc, dt)`` (optional; a None entry is allocated) receives the outputs, ``pre`` (optional,
+    ``[B, N, C]``) a copy of ``xBC`` for the commit. Trees over ``max_fused_nodes`` (at most
     ``SMALL_MAX_NODES``) nodes run the two unfused kernels. ``is_chain=True`` treats every tree as the
     chain ``parents[i] = i - 1`` (no parent loads, no mask closure); ``block_p``/``num_warps`` tune the tile.
     """
@@ -119,10 +130,13 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     b, n, c, h, p, s = _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, D, ngroups,
                                      headdim, ssm_state)
     dev = xBC.device
-    if out is None:
-        out = (torch.empty(b, n, h, p, device=dev, dtype=xBC.dtype), torch.empty(b, n, c, device=dev, dtype=xBC.dtype),
-               torch.empty(b, n, h, device=dev, dtype=torch.float32))
-    y, xbc, dt = out
+    y, xbc, dt = out if out is not None else (None, None, None)
+    y = torch.empty(b, n, h, p, device=dev, dtype=xBC.dtype) if y is None else y
+    xbc = torch.empty(b, n, c, device=dev, dtype=xBC.dtype) if xbc is None else xbc
+    dt = torch.empty(b, n, h, device=dev, dtype=torch.float32) if dt is None else dt
+    if pre is not None and (pre.shape != xBC.shape or pre.dtype != xBC.dtype):
+        raise ValueError(f"tree_conv_scan: pre {tuple(pre.shape)} {pre.dtype} must be xBC's "
+                         f"{tuple(xBC.shape)} {xBC.dtype}")
     if (y.shape != (b, n, h, p) or xbc.shape != (b, n, c) or dt.shape != (b, n, h) or y.dtype != xBC.dtype
             or xbc.dtype != xBC.dtype or dt.dtype != torch.float32):
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
@@ -133,6 +147,8 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
                            dt=(dt_raw, dt_bias, dt_limit, dt), is_chain=is_chain)
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)
         tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y, is_chain=is_chain)
+        if pre is not None:
+            pre.copy_(xBC)
         return y, xbc, dt
     lo, hi = dt_limit
     bn = max(16, triton.next_power_of_2(n))
@@ -142,10 +158,12 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     bp = block_p or (min(64, max(16, triton.next_power_of_2(p))) if half else 16)
     _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](
         xBC, conv_state, conv_w, conv_b if conv_b is not None else conv_w, parents, dt_raw, dt_bias, A, D,
-        ssm_state, y, xbc, dt,
+        ssm_state, y, xbc, dt, pre if pre is not None else xbc,
         n, h, p, s, ngroups, h // ngroups, float(lo), float(min(hi, 3.0e38)),
         *(t.stride() for t in (xBC, conv_state, conv_w, parents, dt_raw, ssm_state, y, xbc, dt)),
+        (pre if pre is not None else xbc).stride(),
         K=width, HAS_BIAS=conv_b is not None, CLAMP=lo > 0.0 or hi < float("inf"), IS_CHAIN=is_chain,
+        HAS_PRE=pre is not None,
         BN=bn, BP=bp, BS=max(16, triton.next_power_of_2(s)), LOG2_BN=bn.bit_length() - 1,
         HALF=half, num_warps=num_warps or (8 if half else 4),
     )

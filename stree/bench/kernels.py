@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from stree.kernels.compare import rel_err
 from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import ancestor_mask
+from stree.verifier.model.lm import SSM_CACHE_DTYPES
 
 LAYER_SHAPES = {
     "2.7b": dict(nheads=80, headdim=64, d_state=128, ngroups=1, d_model=2560, n_layer=64, d_conv=4),
@@ -513,6 +514,10 @@ def mamba_ssm_decode_ms(shape: dict, dtype, vocab: int, prompt_len: int, batch: 
         with torch.no_grad():
             model(torch.randint(0, vocab, (batch, prompt_len), device="cuda"), inference_params=params)
             params.seqlen_offset = prompt_len
+            if batch == 1:  # which state dtype the anchor keeps (it decides the state's traffic)
+                cache = params.key_value_memory_dict.get(0)
+                print(f"mamba_ssm state dtypes (conv, ssm): {[t.dtype for t in cache] if cache else None}",
+                      file=sys.stderr)
             tok = torch.randint(0, vocab, (batch, 1), device="cuda")
             ms = graphed_us([lambda: model(tok, inference_params=params, num_last_tokens=1)], reps=20) / 1000
         del model
@@ -612,9 +617,28 @@ def engine_beam_draft_ms(model, prompt: torch.Tensor, depth: int = 4, beams: int
     return graphed_us([draft], reps=20) / 1000
 
 
-def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256, batches=MODEL_BATCHES) -> None:
+def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256, batches=MODEL_BATCHES,
+                ssm_caches=("float32",)) -> None:
     """(b) whole model, graphed: verify step (tree forward + LM head, then commit) per tree size, against the
-    weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam."""
+    weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam.
+    Each of ``ssm_caches`` (``mamba_ssm_cache_dtype`` names) is timed in turn against the same anchors."""
+    for shape_name in shapes:
+        refs: dict = {}
+
+        def ref_ms(b, shape_name=shape_name, refs=refs):
+            if b not in refs:
+                refs[b] = mamba_ssm_decode_ms(LAYER_SHAPES[shape_name], dtype, 50280, prompt_len, b)
+            return refs[b]
+
+        for cache in ssm_caches:
+            _bench_model_shape(device, dtype, shape_name, rows, prompt_len, batches, cache, ref_ms)
+            flush()
+            print(f"[model] {shape_name} ({cache} SSM state) done", file=sys.stderr, flush=True)
+
+
+def _bench_model_shape(device, dtype, shape_name, rows: list, prompt_len: int, batches, ssm_cache: str,
+                       ref_ms) -> None:
+    """``bench_model`` for one shape and one SSM state dtype; ``ref_ms(b)``: mamba_ssm's decode at batch b."""
     from stree.drafter_service.drafters.mamba.beam_search import GraphedBeamSearch
     from stree.protocols.sampling import SamplingParams
     from stree.protocols.token_tree import TokenTree, TreeBatch
@@ -624,79 +648,77 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256,
 
     bandwidth = copy_bandwidth_gbs(device)
     vocab = 50280
-    for shape_name in shapes:
-        shape = LAYER_SHAPES[shape_name]
-        ref_ms = mamba_ssm_decode_ms(shape, dtype, vocab, prompt_len)
-        cfg = ModelConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=vocab,
-                          ssm_cfg={"layer": "Mamba2"})
-        torch.manual_seed(0)
-        model = random_init_(StreeLM(cfg), 0).to(device=device, dtype=dtype).eval()
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-        prompt = torch.randint(0, vocab, (1, prompt_len), device=device)
-        base = model.new_state(1, prompt_len + 512)
-        model.prefill(prompt, base)
+    shape = LAYER_SHAPES[shape_name]
+    anchor_ms = ref_ms(1)
+    cfg = ModelConfig(d_model=shape["d_model"], n_layer=shape["n_layer"], vocab_size=vocab,
+                      ssm_cfg={"layer": "Mamba2"})
+    torch.manual_seed(0)
+    model = random_init_(StreeLM(cfg), 0).to(device=device, dtype=dtype).eval()
+    model.set_mamba_ssm_cache_dtype(ssm_cache)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+    prompt = torch.randint(0, vocab, (1, prompt_len), device=device)
+    base = model.new_state(1, prompt_len + 512)
+    model.prefill(prompt, base)
 
-        def add(mode, n, ms, **extra):
-            rows.append(dict(section="model", shape=shape_name, mode=mode, nodes=n, ms=round(ms, 4),
-                             floor_ms=round(floor_ms, 4), mamba_ssm_decode_ms=ref_ms and round(ref_ms, 4),
-                             anchor_ms=MODEL_ANCHORS_MS.get((shape_name, "decode")), **extra))
+    def add(mode, n, ms, **extra):
+        rows.append(dict(section="model", shape=shape_name, mode=mode, nodes=n, ms=round(ms, 4),
+                         ssm_cache=ssm_cache, floor_ms=round(floor_ms, 4),
+                         mamba_ssm_decode_ms=anchor_ms and round(anchor_ms, 4),
+                         anchor_ms=MODEL_ANCHORS_MS.get((shape_name, "decode")), **extra))
 
-        state = base.clone()
-        tok = torch.randint(0, vocab, (1,), device=device)
-        seq0 = state.seqlen.clone()
+    state = base.clone()
+    tok = torch.randint(0, vocab, (1,), device=device)
+    seq0 = state.seqlen.clone()
 
-        def decode():
-            model.step(tok, state)
-            state.seqlen.copy_(seq0)
+    def decode():
+        model.step(tok, state)
+        state.seqlen.copy_(seq0)
 
-        add("decode_step", 1, graphed_us([decode], reps=20) / 1000, weight_gb=round(weight_bytes / 1e9, 3),
-            copy_gbs=round(bandwidth, 1))
-        for n in MODEL_TREE_SIZES:
-            par = complete_binary_parents(n)
-            tree = TokenTree.from_parents(torch.randint(0, vocab, (n,)).tolist(), par)
-            trees = TreeBatch.from_trees([tree]).to(device)
-            anc = TreeBatch.from_trees([tree]).ancestor_mask().to(device)
-            st = base.clone()
-            path_nodes = root_to_leaf_paths(par)[0]
-            path = torch.tensor([path_nodes], device=device)
-            plen = torch.tensor([len(path_nodes)], device=device)
-            holder = {}
-            s0 = st.seqlen.clone()
+    add("decode_step", 1, graphed_us([decode], reps=20) / 1000, weight_gb=round(weight_bytes / 1e9, 3),
+        copy_gbs=round(bandwidth, 1))
+    for n in MODEL_TREE_SIZES:
+        par = complete_binary_parents(n)
+        tree = TokenTree.from_parents(torch.randint(0, vocab, (n,)).tolist(), par)
+        trees = TreeBatch.from_trees([tree]).to(device)
+        anc = TreeBatch.from_trees([tree]).ancestor_mask().to(device)
+        st = base.clone()
+        path_nodes = root_to_leaf_paths(par)[0]
+        path = torch.tensor([path_nodes], device=device)
+        plen = torch.tensor([len(path_nodes)], device=device)
+        holder = {}
+        s0 = st.seqlen.clone()
 
-            def tree_fwd():
-                holder["logits"], holder["acts"] = model.tree_forward(trees, st, anc)
+        def tree_fwd():
+            holder["logits"], holder["acts"] = model.tree_forward(trees, st, anc)
 
-            def commit():
-                model.commit(st, holder["acts"], path, plen)
-                st.seqlen.copy_(s0)
+        def commit():
+            model.commit(st, holder["acts"], path, plen)
+            st.seqlen.copy_(s0)
 
-            t_fwd = graphed_us([tree_fwd], reps=20) / 1000
-            tree_fwd()
-            t_commit = graphed_us([commit], reps=20) / 1000
-            add("tree_forward", n, t_fwd, tree=f"binary-{n}")
-            add("commit", n, t_commit, tree=f"binary-{n}", path_len=len(path_nodes))
-            add("verify_step", n, t_fwd + t_commit, tree=f"binary-{n}")
-        _bench_batched(model, base, prompt, add, vocab, batches, weight_bytes, bandwidth,
-                       lambda b: mamba_ssm_decode_ms(shape, dtype, vocab, prompt_len, b))
-        if shape_name == "130m":  # (c) the draft model's depth-4 width-3 beam draft, all in one graph
-            beam = GraphedBeamSearch(model, 4, 3, SamplingParams())
+        t_fwd = graphed_us([tree_fwd], reps=20) / 1000
+        tree_fwd()
+        t_commit = graphed_us([commit], reps=20) / 1000
+        add("tree_forward", n, t_fwd, tree=f"binary-{n}")
+        add("commit", n, t_commit, tree=f"binary-{n}", path_len=len(path_nodes))
+        add("verify_step", n, t_fwd + t_commit, tree=f"binary-{n}")
+    _bench_batched(model, base, prompt, add, vocab, batches, weight_bytes, bandwidth, ref_ms)
+    if shape_name == "130m":  # (c) the draft model's depth-4 width-3 beam draft, all in one graph
+        beam = GraphedBeamSearch(model, 4, 3, SamplingParams())
+        beam(base, 7)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
             beam(base, 7)
             torch.cuda.synchronize()
-            times = []
-            for _ in range(30):
-                t0 = time.perf_counter()
-                beam(base, 7)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            times.sort()
-            add("draft_beam_4x3", 12, 1e3 * times[len(times) // 2], note="one CUDA graph, incl. state copy-in")
-            add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt),
-                note="the engine's device draft: 5 tree passes + commit, graphed")
-        model = base = state = None  # free this shape's weights before the next
-        torch.cuda.empty_cache()
-        flush()
-        print(f"[model] {shape_name} done", file=sys.stderr, flush=True)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        add("draft_beam_4x3", 12, 1e3 * times[len(times) // 2], note="one CUDA graph, incl. state copy-in")
+        add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt),
+            note="the engine's device draft: 5 tree passes + commit, graphed")
+    model = base = state = None  # free this shape's weights before the next
+    torch.cuda.empty_cache()
 
 
 # ----- output --------------------------------------------------------------------------------
@@ -805,7 +827,8 @@ def run(args) -> int:
     parts += [(name, fn) for name, fn in (
         ("layer", lambda: bench_layers(device, gen, dtype, mamba, args.sweep, args.quick, rows, flush)),
         ("attention", lambda: bench_attention(device, gen, dtype, rows)),
-        ("model", lambda: bench_model(device, dtype, args.model_shapes, rows, flush, batches=args.batches)),
+        ("model", lambda: bench_model(device, dtype, args.model_shapes, rows, flush, batches=args.batches,
+                                      ssm_caches=args.mamba_ssm_cache_dtype)),
     ) if name in args.parts]
     for name, fn in parts:
         try:
@@ -844,7 +867,8 @@ def print_summary(rows: list[dict]) -> None:
         elif r.get("section") == "attention":
             print(f"attn n={r['nodes']:3} seqlen={r.get('seqlen', '-')!s:5} {r['impl']:22} {r['us']:9.2f} us")
         elif r.get("section") == "model":
-            print(f"model {r['shape']:5} {r['mode']:16} n={r['nodes']:3} b={r.get('batch', 1):3} {r['ms']:8.3f} ms"
+            print(f"model {r['shape']:5} {r.get('ssm_cache', 'float32'):8} {r['mode']:16} n={r['nodes']:3} "
+                  f"b={r.get('batch', 1):3} {r['ms']:8.3f} ms"
                   f"  per seq {r.get('ms_per_seq', r['ms'])}  floor {r.get('floor_batch_ms', r['floor_ms']):.3f}"
                   f"  mamba_ssm decode {r.get('mamba_ssm_batch_ms', r.get('mamba_ssm_decode_ms'))}"
                   f"  (DESIGN anchor {r.get('anchor_ms')})")
@@ -860,6 +884,9 @@ def add_parser(sub) -> None:
                    help="also compare kernels with their references (all groups, or the ones named)")
     p.add_argument("--batches", nargs="+", type=int, default=list(MODEL_BATCHES),
                    help="batch sizes for the per-sequence decode and 32-node verify timings (model part)")
+    p.add_argument("--mamba-ssm-cache-dtype", nargs="+", choices=SSM_CACHE_DTYPES, default=["float32"],
+                   help="SSM state dtypes to time the model part with, each in turn (auto: the model's dtype, "
+                        "as mamba_ssm keeps it)")
     p.add_argument("--sweep", action="store_true", help="also time a grid of tree-scan tile configurations")
     p.add_argument("--quick", action="store_true", help="skip the slow PyTorch reference timings")
     p.add_argument("--seed", type=int, default=0)

@@ -10,6 +10,7 @@ from stree.protocols.tree_shape import SHAPE_HELP
 from stree.protocols.drafter import DraftBudget
 
 from stree.verifier.model.checkpoint import load_draft_model, load_model
+from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.generation_settings import load_generation_settings
@@ -46,6 +47,9 @@ def run(args) -> int:
     dtype = DTYPES[args.dtype]
     model = load_model(args.model_dir, device=device, dtype=dtype)
     draft = load_draft_model(args.draft_model, device=device, dtype=dtype) if args.draft_model else None
+    for m in (model, draft):
+        if hasattr(m, "set_mamba_ssm_cache_dtype"):
+            m.set_mamba_ssm_cache_dtype(args.mamba_ssm_cache_dtype)
     settings = load_generation_settings(args.model_dir, args.tokenizer)
     tokenizer = settings.tokenizer
     prompt = prompt_ids_from_args(args, tokenizer)
@@ -105,6 +109,8 @@ def add_parser(sub) -> None:
                    help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
+                   help="SSM state dtype (auto: the model's); float32 is exact, a half state halves its traffic")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     p.set_defaults(func=run)

@@ -14,6 +14,7 @@ from stree.cli.drafter_service import options_function, parse_options
 from stree.protocols.drafter import DraftBudget
 
 from stree.protocols.drafter import DEFAULT_BUDGET
+from stree.verifier.model.lm import SSM_CACHE_DTYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,6 +28,7 @@ def build_server(args):
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(args.model_dir, device=device, dtype=DTYPES[args.dtype])
+    model.set_mamba_ssm_cache_dtype(args.mamba_ssm_cache_dtype)
     settings = load_generation_settings(args.model_dir, args.tokenizer)
     tokenizer = settings.tokenizer
     budget = DraftBudget(
@@ -121,4 +123,6 @@ def add_parser(sub) -> None:
     p.add_argument("--max-width", type=int, default=None, help="default draft budget: children per node")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
+                   help="SSM state dtype (auto: the model's); float32 is exact, a half state halves its traffic")
     p.set_defaults(func=run)

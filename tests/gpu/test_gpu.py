@@ -193,3 +193,57 @@ def test_chunked_prefill_scan_matches_reference(dtype, tol, batch, length):
     scale = ref.abs().max()
     assert (y.float() - ref).abs().max() <= tol * scale
     assert (ours.float() - ref_state).abs().max() <= tol * ref_state.abs().max()
+
+
+@pytest.mark.parametrize("dtype, state_dtype, tol", [(torch.float32, torch.float32, 1e-5),
+                                                     (torch.bfloat16, torch.float32, 1e-5),
+                                                     (torch.bfloat16, torch.bfloat16, 1e-2)])
+def test_replay_layers_and_stacked_acts_match_reference(dtype, state_dtype, tol):
+    """The whole-model commit in one launch (2.7B layer shape, 4 layers, bf16 state too) equals the per-layer
+    reference; the fused tree pass writes the commit's copy of xBC into its layer's slice of the stack."""
+    from stree.kernels import ops
+    from stree.kernels.compare import rel_err
+    from stree.kernels.replay import replay_layers_ref
+    from stree.kernels.replay_triton import replay_layers_triton
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    layers, b, n, h, p, s, k = 4, 3, 9, 80, 64, 128, 4
+    c = h * p + 2 * s
+    xbc = torch.randn(layers, b, n, c, device="cuda", generator=g).to(dtype)
+    x, Bm = xbc[..., : h * p].reshape(layers, b, n, h, p), xbc[..., h * p: h * p + s].reshape(layers, b, n, 1, s)
+    dt = torch.rand(layers, b, n, h, device="cuda", generator=g) * 0.2
+    A = -torch.rand(layers, h, device="cuda", generator=g)
+    pre = torch.randn(layers, b, n, c, device="cuda", generator=g).to(dtype)
+    path = torch.tensor([[0, 1, 3, 7], [0, 2, 0, 0], [0, 0, 0, 0]], device="cuda")
+    path_len = torch.tensor([4, 2, 1], device="cuda")
+    ssm = (torch.randn(layers, b, h, p, s, device="cuda", generator=g) * 0.3).to(state_dtype)
+    conv = torch.randn(layers, b, c, k - 1, device="cuda", generator=g).to(dtype)
+    want_ssm, want_conv = ssm.clone(), conv.clone()
+    replay_layers_ref(want_ssm, want_conv, x, dt, A, Bm, pre, path, path_len)
+    replay_layers_triton(ssm, conv, x, dt, A, Bm, pre, path, path_len)
+    assert rel_err(ssm.float(), want_ssm.float()) < tol and torch.equal(conv, want_conv)
+
+    parents = torch.tensor([[-1, 0, 1, 1, 2, 3, 0, 6, 7]] * b, device="cuda")
+    args = (pre[1], conv[1], torch.randn(c, k, device="cuda", generator=g).to(dtype) * 0.5, None, parents,
+            torch.randn(b, n, h, device="cuda", generator=g).to(dtype) - 3.0, torch.zeros(h, device="cuda"),
+            (0.0, float("inf")), "silu", A[1], torch.ones(h, device="cuda"), 1, p, ssm[1])
+    stack = [torch.full_like(xbc, float("nan")), torch.full_like(dt, float("nan")), torch.full_like(pre, float("nan"))]
+    backend.use("triton")
+    try:
+        y, got_xbc, got_dt = ops.tree_conv_scan(*args, acts_out=tuple(t[2] for t in stack))
+        y_plain, xbc_plain, dt_plain = ops.tree_conv_scan(*args)
+    finally:
+        backend.use(None)
+    assert torch.equal(stack[2][2], pre[1]) and torch.equal(got_xbc, xbc_plain) and torch.equal(got_dt, dt_plain)
+    assert torch.equal(y, y_plain) and all(torch.isnan(t[0]).all() for t in stack)
+
+
+def test_half_ssm_state_graphed_equals_eager(gpu_models):
+    """A bf16 SSM state (``mamba_ssm_cache_dtype="auto"`` on a bf16 model): graphs change nothing."""
+    target = _load(gpu_models["mamba2"], torch.bfloat16)
+    target.set_mamba_ssm_cache_dtype("auto")
+    prompt = list(range(7, 30))
+    for drafter, d in [(None, None), ("chain", target)]:
+        eager = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40, cuda_graphs=False)
+        graph = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40)
+        assert graph.token_ids == eager.token_ids

@@ -12,8 +12,9 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from kernel_trees import padded_batch, rel_err  # noqa: E402
-from stree.kernels.replay import replay_ref  # noqa: E402
-from stree.kernels.replay_triton import replay_triton  # noqa: E402
+from stree.bench.launches import count_launches  # noqa: E402
+from stree.kernels.replay import replay_layers_ref, replay_ref  # noqa: E402
+from stree.kernels.replay_triton import replay_layers_triton, replay_triton  # noqa: E402
 from stree.kernels.tree_conv import tree_conv1d_ref, tree_conv_dt_ref  # noqa: E402
 from stree.kernels.tree_conv_triton import tree_conv1d_triton, tree_conv_dt_triton  # noqa: E402
 
@@ -102,3 +103,41 @@ def test_replay_rejects_mismatched_shapes():
         replay_triton(torch.zeros(1, 2, 4, 9), torch.zeros(1, 5, 3), x, torch.zeros(1, 3, 2), torch.zeros(2),
                       torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 5), torch.zeros(1, 2, dtype=torch.long),
                       torch.ones(1, dtype=torch.long))
+
+
+def test_replay_layers_commits_every_layer_in_one_launch():
+    """Stacked ``[L, ...]`` states and activations, as the model lays them out (state rows a slice of a larger
+    pool, x and B column slices of one post-conv tensor): one launch equals the per-layer reference."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    layers, b, n, h, p, g, s, k = 3, 3, 9, 4, 8, 2, 16, 4
+    c = h * p + 2 * g * s
+    parents = padded_batch([("bushy", 9), ("chain", 6), ("binary", 7)], gen)
+    paths = [[0, 1], list(range(6)), [0]]
+    m = max(len(q) for q in paths) + 1
+    path = torch.tensor([q + [0] * (m - len(q)) for q in paths])
+    path_len = torch.tensor([len(q) for q in paths])
+    assert parents.shape == (b, n)
+    xbc = torch.randn(layers, b, n, c, generator=gen)
+    x = xbc[..., : h * p].reshape(layers, b, n, h, p)
+    Bm = xbc[..., h * p: h * p + g * s].reshape(layers, b, n, g, s)
+    dt = torch.rand(layers, b, n, h, generator=gen)
+    A = -torch.rand(layers, h, generator=gen) - 0.1
+    pre = torch.randn(layers, b, n, c, generator=gen)
+    pool_ssm = torch.randn(layers, b + 2, h, p, s, generator=gen)  # a larger slot pool: rows 1..b are ours
+    pool_conv = torch.randn(layers, b + 2, c, k - 1, generator=gen)
+    want_ssm, want_conv = pool_ssm.clone(), pool_conv.clone()
+    replay_layers_ref(want_ssm[:, 1:b + 1], want_conv[:, 1:b + 1], x, dt, A, Bm, pre, path, path_len)
+    with count_launches() as counted:
+        replay_layers_triton(pool_ssm[:, 1:b + 1], pool_conv[:, 1:b + 1], x, dt, A, Bm, pre, path, path_len)
+    assert counted["triton._replay_kernel"] == 1
+    assert rel_err(pool_ssm, want_ssm) < 1e-5
+    assert torch.equal(pool_conv, want_conv)
+    assert torch.equal(pool_ssm[:, 0], want_ssm[:, 0]) and torch.equal(pool_ssm[:, -1], want_ssm[:, -1])
+
+
+def test_replay_layers_rejects_a_missing_layer_axis():
+    x = torch.zeros(2, 1, 3, 2, 4)
+    with pytest.raises(ValueError, match="layer axis"):
+        replay_layers_triton(torch.zeros(2, 1, 2, 4, 8), torch.zeros(2, 1, 24, 3), x, torch.zeros(2, 1, 3, 2),
+                             torch.zeros(2), torch.zeros(2, 1, 3, 1, 8), torch.zeros(2, 1, 3, 24),
+                             torch.zeros(1, 2, dtype=torch.long), torch.ones(1, dtype=torch.long))

@@ -105,3 +105,30 @@ def test_chain_mode_matches_the_reference_on_chains(n, block_p):
     with count_launches() as c:
         _check(args, is_chain=True, block_p=block_p, num_warps=2)
     assert c["triton._tree_conv_scan_kernel"] == 1
+
+
+@pytest.mark.parametrize("specs,width,backend_name", [
+    ([("bushy", 7), ("chain", 5)], 4, "triton"),  # the fused kernel writes the copy itself
+    ([("deep", FUSED_MAX_NODES + 3)], 4, "triton"),  # the two unfused kernels, then a copy
+    ([("star", 6)], 3, "torch"),  # the reference, then copies
+])
+def test_acts_out_receives_the_activations_and_a_copy_of_xbc(specs, width, backend_name):
+    """``acts_out`` (slices of a model-wide stack, for the one-launch commit) get xbc, dt and the pre-conv xBC."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    args = _inputs(gen, padded_batch(specs, gen), 4, 8, 2, 8, width, True, (0.0, float("inf")))
+    b, n, c = args["xBC"].shape
+    stack_xbc = torch.full((3, b, n, c), float("nan"))
+    stack_dt = torch.full((3, b, n, 4), float("nan"))
+    stack_pre = torch.full((3, b, n, c), float("nan"))
+    backend.use(backend_name)
+    try:
+        y, xbc, dt = ops.tree_conv_scan(**args, acts_out=(stack_xbc[1], stack_dt[1], stack_pre[1]))
+    finally:
+        backend.use(None)
+    ref = tree_conv_scan_ref(**args)
+    assert xbc.data_ptr() == stack_xbc[1].data_ptr() and dt.data_ptr() == stack_dt[1].data_ptr()
+    for got, want in zip((y, xbc, dt), ref):
+        assert rel_err(got, want) < 1e-5
+    assert torch.equal(stack_pre[1], args["xBC"])
+    for stack in (stack_xbc, stack_dt, stack_pre):  # nothing written outside the layer's slice
+        assert torch.isnan(stack[0]).all() and torch.isnan(stack[2]).all()

@@ -20,6 +20,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.layer_stack import allocate_stacked, field_stacks, map_layers, stacked_view
 from stree.verifier.model.linear import Linear
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, Projected
 from stree.verifier.model.parallel_mixer import ParallelMixer
@@ -136,12 +137,12 @@ class LMState:
     extra: dict = field(default_factory=dict)
 
     def clone(self) -> "LMState":
-        return LMState([_map_layer(s, torch.clone) for s in self.layers], self.seqlen.clone(), self.max_seqlen)
+        return LMState(map_layers(self.layers, lambda t, _: t.clone()), self.seqlen.clone(), self.max_seqlen)
 
     def select(self, index: torch.Tensor) -> "LMState":
         """A new state made of the rows ``index`` (rows may repeat, e.g. to fan out a beam)."""
-        return LMState([_map_layer(s, lambda t: t[index].clone()) for s in self.layers], self.seqlen[index].clone(),
-                       self.max_seqlen)
+        return LMState(map_layers(self.layers, lambda t, dim: t.index_select(dim, index)),
+                       self.seqlen[index].clone(), self.max_seqlen)
 
     def rows(self, n: int, start: int = 0) -> "LMState":
         """Rows ``start..start+n-1`` as views: an in-place update of the result (e.g. a prefill) updates this state."""
@@ -156,8 +157,17 @@ class LMState:
         """
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.seqlen.device)
         n = idx.numel()
-        for dst_layer, src_layer in zip(self.layers, src.layers):
+        copied = set()  # (layer, field) pairs done as part of a stacked field: one copy for all its layers
+        src_stacks = {(name, tuple(index)): view for name, index, view in field_stacks(src.layers)}
+        for name, index, view in field_stacks(self.layers):
+            s_view = src_stacks.get((name, tuple(index)))
+            if view is not None and s_view is not None and s_view.shape[2:] == view.shape[2:]:
+                view.index_copy_(1, idx, s_view[:, :n].to(view.dtype))
+                copied.update((i, name) for i in index)
+        for i, (dst_layer, src_layer) in enumerate(zip(self.layers, src.layers)):
             for name, t in vars(dst_layer).items():
+                if (i, name) in copied:
+                    continue
                 s = getattr(src_layer, name)[:n]
                 if s.shape[1:] != t.shape[1:]:
                     fit = s.new_zeros((n, *t.shape[1:]))
@@ -196,6 +206,9 @@ class TrimmedHead:
         return out
 
 
+SSM_CACHE_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
 @dataclass
 class TreeActs:
     """What the tree pass leaves for commit: per-layer Mamba activations and the tree batch."""
@@ -205,7 +218,22 @@ class TreeActs:
 
 
 class StreeLM(WeightsHome, nn.Module):
-    """Mamba2 / hybrid LM with mamba_ssm's parameter names and tree-speculation inference modes."""
+    """Mamba2 / hybrid LM with mamba_ssm's parameter names and tree-speculation inference modes.
+
+    ``mamba_ssm_cache_dtype`` is the SSM state's dtype in states made from now on: float32 (the default;
+    every kernel computes in float32 either way) or the model's half dtype, as mamba_ssm keeps it, which
+    halves the state traffic that dominates decode at large batch (vLLM's ``mamba_ssm_cache_dtype``).
+    """
+
+    mamba_ssm_cache_dtype: torch.dtype = torch.float32
+
+    def set_mamba_ssm_cache_dtype(self, name: str | torch.dtype) -> None:
+        """``float32``, ``bfloat16``, ``float16`` or ``auto`` (the model's dtype), for states made afterwards."""
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": self.dtype}
+        dtype = dtypes.get(name) if isinstance(name, str) else name
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"mamba_ssm_cache_dtype must be one of {', '.join(SSM_CACHE_DTYPES)}; got {name!r}")
+        self.mamba_ssm_cache_dtype = dtype
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -259,13 +287,19 @@ class StreeLM(WeightsHome, nn.Module):
     # ----- inference state ------------------------------------------------------------------
     def new_state(self, batch_size: int, max_seqlen: int) -> LMState:
         dev, dt = self.device, self.dtype
+        meta = torch.device("meta")  # shapes first: each field of equal shape across layers is one stacked tensor
         layers = [
             NoLayerState() if b.kind == "token"
-            else b.mixer.new_state(batch_size, max_seqlen, dev, dt) if b.is_attention
-            else b.mixer.new_state(batch_size, dev, dt)
+            else b.mixer.new_state(batch_size, max_seqlen, meta, dt) if b.is_attention
+            else b.mixer.new_state(batch_size, meta, dt)
             for b in self.backbone.layers
         ]
-        return LMState(layers, torch.zeros(batch_size, dtype=torch.long, device=dev), max_seqlen)
+        ssm_dtype = self.mamba_ssm_cache_dtype
+        for layer in layers:
+            if getattr(layer, "ssm_state", None) is not None and ssm_dtype != layer.ssm_state.dtype:
+                layer.ssm_state = torch.empty(layer.ssm_state.shape, device=meta, dtype=ssm_dtype)
+        return LMState(allocate_stacked(layers, dev), torch.zeros(batch_size, dtype=torch.long, device=dev),
+                       max_seqlen)
 
     def _check_ids(self, ids: torch.Tensor) -> None:
         if capturing():
@@ -342,9 +376,11 @@ class StreeLM(WeightsHome, nn.Module):
             anc = anc_mask.to(self.device) if anc_mask is not None else ancestor_mask(parents)
         seqlen = state.seqlen
         acts: list = []
+        stacked = self._stacked_acts(*trees.tokens.shape)
 
         def mamba_mix(h, b, s):
-            y, a = b.mixer.tree(h, s, parents, is_chain=trees.is_chain)
+            out = None if stacked is None else tuple(t[stacked[0][id(b)]] for t in stacked[1:])
+            y, a = b.mixer.tree(h, s, parents, is_chain=trees.is_chain, acts_out=out)
             acts.append(a)
             return y
 
@@ -380,6 +416,45 @@ class StreeLM(WeightsHome, nn.Module):
         logits = self._run(trees.tokens, mixes, fuse=True)
         return logits, TreeActs(acts, trees)
 
+    def _mamba_blocks(self) -> list:
+        return [b for b in self.backbone.layers if b.kind == "mamba"]
+
+    def _stacked_acts(self, batch: int, nodes: int):
+        """Stacked ``[L, B, N, ...]`` buffers the Mamba2 layers' tree passes write the commit's activations to
+        (post-conv xbc, dt, pre-conv xBC), with each block's row: ``(rows, xbc, dt, xBC)``; None for fewer
+        than two Mamba2 layers or layers of different sizes."""
+        blocks = self._mamba_blocks()
+        if len(blocks) < 2 or len({(b.mixer.conv_dim, b.mixer.nheads) for b in blocks}) > 1:
+            return None
+        m, n_layers, dev = blocks[0].mixer, len(blocks), self.device
+        return ({id(b): j for j, b in enumerate(blocks)},
+                torch.empty(n_layers, batch, nodes, m.conv_dim, device=dev, dtype=self.dtype),
+                torch.empty(n_layers, batch, nodes, m.nheads, device=dev, dtype=torch.float32),
+                torch.empty(n_layers, batch, nodes, m.conv_dim, device=dev, dtype=self.dtype))
+
+    def _A_stack(self, blocks) -> torch.Tensor:
+        """Every Mamba2 layer's ``A`` as one ``[L, H]`` tensor, rebuilt only when some layer's ``A`` changed."""
+        parts = [b.mixer._A() for b in blocks]
+        cached = getattr(self, "_A_stack_cache", None)
+        if cached is None or len(cached[0]) != len(parts) or any(p is not q for p, q in zip(parts, cached[0])):
+            cached = (parts, torch.stack(parts))
+            self._A_stack_cache = cached
+        return cached[1]
+
+    def _commit_stacked(self, state: LMState, acts: TreeActs, path, path_len) -> bool:
+        """Replay every Mamba2 layer in one launch when their states and activations are stacked views."""
+        pairs = [(b, s, a) for b, s, a in zip(self.backbone.layers, state.layers, acts.layers) if b.kind == "mamba"]
+        if len(pairs) < 2 or any(a is None for _, _, a in pairs):
+            return False
+        states, layer_acts = [s for _, s, _ in pairs], [a for _, _, a in pairs]
+        views = ([stacked_view([getattr(s, name) for s in states]) for name in ("ssm_state", "conv_state")]
+                 + [stacked_view([getattr(a, name) for a in layer_acts]) for name in ("x", "dt", "Bm", "xBC")])
+        if any(v is None for v in views):
+            return False
+        ssm, conv, x, dt, Bm, xBC = views
+        ops.replay_layers(ssm, conv, x, dt, self._A_stack([b for b, _, _ in pairs]), Bm, xBC, path, path_len)
+        return True
+
     @torch.no_grad()
     def commit(self, state: LMState, acts: TreeActs, path: torch.Tensor, path_len: torch.Tensor,
                min_len: int = 1) -> None:
@@ -391,12 +466,13 @@ class StreeLM(WeightsHome, nn.Module):
         path_len = path_len.to(self.device)
         if not capturing() and bool((path_len < min_len).any()):
             raise ValueError("commit: every path must contain at least the root")
+        mamba_done = self._commit_stacked(state, acts, path, path_len)
         for block, s, a in zip(self.backbone.layers, state.layers, acts.layers):
             if block.kind in ("parallel", "hybrid"):
                 block.mixer.commit(s, a, state.seqlen, path, path_len)
             elif block.is_attention:
                 block.mixer.commit(s, state.seqlen, path, path_len)
-            elif block.kind == "mamba":
+            elif block.kind == "mamba" and not mamba_done:
                 block.mixer.commit(s, a, path, path_len)
         state.seqlen += path_len
 

@@ -182,16 +182,19 @@ class Mamba2Mixer(nn.Module):
         return self._gate_out(y, z, z0, x0)
 
     def tree(self, u: "torch.Tensor | Projected", state: MambaLayerState, parents: torch.Tensor,
-             is_chain: bool = False):
+             is_chain: bool = False, acts_out=None):
         """Every node of a padded tree batch (``u`` is ``[B, N, d]``, or already through in_proj); state is read,
         not changed.
-        ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk)."""
+        ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk).
+        ``acts_out``: ``(xbc, dt, xBC)`` buffers the commit's activations go to (slices of a model-wide stack)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
         y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
                                         self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"), self._A(),
-                                        self._D(), self.ngroups, self.headdim, state.ssm_state, is_chain=is_chain)
+                                        self._D(), self.ngroups, self.headdim, state.ssm_state, is_chain=is_chain,
+                                        acts_out=acts_out)
         x, Bm, _ = self._split_xbc(xbc)
-        return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=xBC)
+        pre = acts_out[2] if acts_out is not None else xBC
+        return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=pre)
 
     def commit(self, state: MambaLayerState, acts: MambaTreeActs, path, path_len) -> None:
         """Advance ``state`` along the accepted path by activation replay (in place)."""

@@ -16,6 +16,7 @@ import torch
 from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import TokenTree
 from stree.kernels.cuda_graph import capture_graph
+from stree.verifier.model.layer_stack import field_stacks, for_each_field
 
 
 def draft_log_q(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -26,17 +27,22 @@ def draft_log_q(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def _reorder_rows_(state, rows: torch.Tensor) -> None:
-    for layer in state.layers:
-        for t in vars(layer).values():
-            t.copy_(t.index_select(0, rows))
+    """Rows ``rows`` of ``state`` into its rows, in place: one gather per stacked field (``layer_stack``), not per layer."""
+    for_each_field(state.layers, lambda t, dim: t.copy_(t.index_select(dim, rows)))
     state.seqlen.copy_(state.seqlen.index_select(0, rows))
 
 
 def copy_state_(dst, src) -> None:
-    """Copy a state into another in place; a batch-1 ``src`` fills every row of ``dst``."""
-    for d, s in zip(dst.layers, src.layers):
-        for name, t in vars(d).items():
-            t.copy_(getattr(s, name).expand_as(t))
+    """Copy a state into another in place; a batch-1 ``src`` fills every row of ``dst`` (one copy per stacked field)."""
+    src_stacks = {(name, tuple(index)): view for name, index, view in field_stacks(src.layers)}
+    for name, index, view in field_stacks(dst.layers):
+        s_view = src_stacks.get((name, tuple(index)))
+        if view is not None and s_view is not None:
+            view.copy_(s_view.expand_as(view))
+            continue
+        for i in index:
+            t = getattr(dst.layers[i], name)
+            t.copy_(getattr(src.layers[i], name).expand_as(t))
     dst.seqlen.copy_(src.seqlen.expand_as(dst.seqlen))
 
 
