@@ -144,11 +144,9 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     width = conv_w.shape[1]
     if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > SMALL_MAX_STATE or width < 2:  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
-                           dt=(dt_raw, dt_bias, dt_limit, dt), is_chain=is_chain)
+                           dt=(dt_raw, dt_bias, dt_limit, dt), is_chain=is_chain, pre=pre)
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)
         tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y, is_chain=is_chain)
-        if pre is not None:
-            pre.copy_(xBC)
         return y, xbc, dt
     lo, hi = dt_limit
     bn = max(16, triton.next_power_of_2(n))

@@ -60,9 +60,10 @@ def _tree_conv_kernel(
     s_pb, s_pn,
     s_ob, s_on, s_oc,
     dtr_ptr, dtb_ptr, dt_ptr, H, s_rb, s_rn, s_rh, s_tb, s_tn, s_th, dt_lo, dt_hi,
+    pre_ptr, s_qb, s_qn, s_qc,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr, HAS_PRE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -77,6 +78,9 @@ def _tree_conv_kernel(
                          ch, ch_ok, s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn, K, HAS_BIAS, IS_CHAIN)
     tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ch[None, :] * s_oc,
              out.to(out_ptr.dtype.element_ty), mask=ok)
+    if HAS_PRE:  # a copy of the nodes' pre-conv inputs for a stacked commit
+        tl.store(pre_ptr + b * s_qb + rows[:, None] * s_qn + ch[None, :] * s_qc,
+                 tl.load(xbc_ptr + b * s_xb + rows[:, None] * s_xn + ch[None, :] * s_xc, mask=ok), mask=ok)
     if HAS_DT:
         if pid_c == 0:  # the first channel block also turns these nodes' raw dt into dt
             for h0 in range(0, H, BLOCK_H):
@@ -89,10 +93,11 @@ def _tree_conv_kernel(
 
 
 def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu", *, out=None, is_chain=False,
-                       dt=None):
+                       dt=None, pre=None):
     """Triton ``tree_conv1d_ref``: ``silu(conv)`` ``[B, N, C]`` in ``xBC``'s dtype; ``conv_state`` is read only.
 
-    ``dt = (dt_raw [B, N, H], dt_bias [H], dt_limit, dt_out [B, N, H] float32)`` also fills ``dt_out``.
+    ``dt = (dt_raw [B, N, H], dt_bias [H], dt_limit, dt_out [B, N, H] float32)`` also fills ``dt_out``;
+    ``pre`` (``[B, N, C]``, optional) receives a copy of ``xBC``.
     """
     if activation not in ("silu", "swish"):
         raise ValueError(f"tree_conv1d kernel: activation {activation!r} is not fused (only silu)")
@@ -107,8 +112,8 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
     if not is_chain and parents.shape != (b, n):
         raise ValueError(f"tree_conv1d: parents {tuple(parents.shape)} must be [{b}, {n}]")
     out = torch.empty_like(xBC) if out is None else out
-    if out.shape != xBC.shape:
-        raise ValueError(f"tree_conv1d: out {tuple(out.shape)} must match xBC {tuple(xBC.shape)}")
+    if out.shape != xBC.shape or (pre is not None and pre.shape != xBC.shape):
+        raise ValueError(f"tree_conv1d: out {tuple(out.shape)} / pre must match xBC {tuple(xBC.shape)}")
     block_n = min(32, max(16, triton.next_power_of_2(n)))
     block_c = 128
     grid = (triton.cdiv(n, block_n), triton.cdiv(c, block_c), b)
@@ -126,8 +131,10 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
     _tree_conv_kernel[grid](
         xBC, conv_state, weight, bias if bias is not None else weight, parents if parents is not None else xBC, out,
         n, c, *xBC.stride(), *conv_state.stride(), *weight.stride(), *par_strides, *out.stride(), *dt_args,
+        pre if pre is not None else out, *(pre if pre is not None else out).stride(),
         K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
-        HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)), num_warps=4,
+        HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)), HAS_PRE=pre is not None,
+        num_warps=4,
     )
     return out
 

@@ -622,6 +622,7 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256,
     """(b) whole model, graphed: verify step (tree forward + LM head, then commit) per tree size, against the
     weight-streaming floor and mamba_ssm's graphed decode step measured in this run; (c) the 130M draft beam.
     Each of ``ssm_caches`` (``mamba_ssm_cache_dtype`` names) is timed in turn against the same anchors."""
+    bandwidth = copy_bandwidth_gbs(device)  # once: every row's floor uses the same measured bandwidth
     for shape_name in shapes:
         refs: dict = {}
 
@@ -631,14 +632,15 @@ def bench_model(device, dtype, shapes, rows: list, flush, prompt_len: int = 256,
             return refs[b]
 
         for cache in ssm_caches:
-            _bench_model_shape(device, dtype, shape_name, rows, prompt_len, batches, cache, ref_ms)
+            _bench_model_shape(device, dtype, shape_name, rows, prompt_len, batches, cache, ref_ms, bandwidth)
             flush()
             print(f"[model] {shape_name} ({cache} SSM state) done", file=sys.stderr, flush=True)
 
 
 def _bench_model_shape(device, dtype, shape_name, rows: list, prompt_len: int, batches, ssm_cache: str,
-                       ref_ms) -> None:
-    """``bench_model`` for one shape and one SSM state dtype; ``ref_ms(b)``: mamba_ssm's decode at batch b."""
+                       ref_ms, bandwidth: float) -> None:
+    """``bench_model`` for one shape and one SSM state dtype; ``ref_ms(b)``: mamba_ssm's decode at batch b;
+    ``bandwidth``: the measured copy bandwidth (GB/s) the floors use."""
     from stree.drafter_service.drafters.mamba.beam_search import GraphedBeamSearch
     from stree.protocols.sampling import SamplingParams
     from stree.protocols.token_tree import TokenTree, TreeBatch
@@ -646,7 +648,6 @@ def _bench_model_shape(device, dtype, shape_name, rows: list, prompt_len: int, b
     from stree.verifier.model.config import ModelConfig
     from stree.verifier.model.lm import StreeLM
 
-    bandwidth = copy_bandwidth_gbs(device)
     vocab = 50280
     shape = LAYER_SHAPES[shape_name]
     anchor_ms = ref_ms(1)

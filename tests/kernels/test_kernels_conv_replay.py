@@ -141,3 +141,14 @@ def test_replay_layers_rejects_a_missing_layer_axis():
         replay_layers_triton(torch.zeros(2, 1, 2, 4, 8), torch.zeros(2, 1, 24, 3), x, torch.zeros(2, 1, 3, 2),
                              torch.zeros(2), torch.zeros(2, 1, 3, 1, 8), torch.zeros(2, 1, 3, 24),
                              torch.zeros(1, 2, dtype=torch.long), torch.ones(1, dtype=torch.long))
+
+
+def test_tree_conv_writes_the_pre_conv_copy_when_asked():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    parents = padded_batch([("bushy", 11), ("star", 4)], gen)
+    xbc = torch.randn(2, 11, 40, generator=gen)
+    pre = torch.full_like(xbc, float("nan"))
+    state, weight = torch.randn(2, 40, 3, generator=gen), torch.randn(40, 4, generator=gen)
+    out = tree_conv1d_triton(xbc, state, weight, None, parents, pre=pre)
+    assert torch.equal(pre, xbc)
+    assert rel_err(out, tree_conv1d_ref(xbc, state, weight, None, parents)) < 1e-5
