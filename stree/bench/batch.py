@@ -26,6 +26,7 @@ from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.loop import generate, warm_up_engines
 from stree.verifier.model.checkpoint import load_model
+from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
@@ -97,6 +98,7 @@ def oracle_rows(args, device, dtype) -> list[dict]:
 
     shape = SHAPES[args.oracle_shape]
     model = make_target(args.oracle_shape, device, dtype)
+    model.set_mamba_ssm_cache_dtype(args.oracle_mamba_ssm_cache_dtype)
     g = torch.Generator().manual_seed(0)
     rows = []
     k, n = args.oracle_tau - 1, args.oracle_new_tokens
@@ -183,7 +185,9 @@ def run(args) -> int:
     from stree.bench.kernels import package_version
 
     record = {**record_meta("batch", device), "dtype": args.dtype,
-              "oracle_dtype": args.oracle_dtype if args.oracle_shape else None, "torch": torch.__version__,
+              "oracle_dtype": args.oracle_dtype if args.oracle_shape else None,
+              "oracle_mamba_ssm_cache_dtype": args.oracle_mamba_ssm_cache_dtype if args.oracle_shape else None,
+              "torch": torch.__version__,
               "mamba_ssm": package_version("mamba_ssm"), "causal_conv1d": package_version("causal_conv1d"),
               "rows": rows}
     header = (f"{'target':<10}{'method':<22}{'T':>4}{'batch':>6}{'tok/s':>10}{'decode':>9}{'x plain':>9}{'x mamba_ssm':>12}"
@@ -216,6 +220,8 @@ def add_parser(sub) -> None:
     p.add_argument("--oracle-tau", type=int, default=4)
     p.add_argument("--oracle-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="the random target's dtype on a GPU (fp32: no bf16 near-ties between tree pass and step)")
+    p.add_argument("--oracle-mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
+                   help="the random target's SSM state dtype (auto: the model's, as mamba_ssm keeps it)")
     p.add_argument("--oracle-tree", default="static:2,2,1,1", help="the oracle's tree besides the chain")
     p.add_argument("--oracle-settle-rounds", type=int, default=4,
                    help="auto rows: rounds letting the oracle follow the speculative run's own bf16 output "
