@@ -13,15 +13,15 @@ import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
-
-from stree.bench.batch import timed
-from stree.bench.prompt_sets import load_prompt_set
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.engine import Engine
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.tokenizer import load_tokenizer
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from stree.bench.batch import timed
+from stree.bench.prompt_sets import load_prompt_set
 
 RUNTIME = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync",
            "cudaLaunchKernel", "cudaGraphLaunch", "cudaMalloc", "cudaFree", "cudaHostAlloc", "cuLaunchKernel")
@@ -59,7 +59,9 @@ def main(out_path: str, batch: int = 4) -> None:
         finally:
             Engine._admit = original
         events = prof.events()
-        ranges = [e for e in events if e.name == "stree_admit"]
+        # the CPU range only: the profiler also records a GPU-side annotation of the same name for admissions
+        # that launched work, which would shift every later admission onto the wrong range
+        ranges = [e for e in events if e.name == "stree_admit" and e.device_type == torch.autograd.DeviceType.CPU]
         for k, (r, (busy, secs, waiting)) in enumerate(zip(ranges, log)):
             calls: dict = collections.defaultdict(lambda: [0, 0.0])
             for e in events:

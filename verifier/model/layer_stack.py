@@ -63,6 +63,19 @@ def field_stacks(layers: Sequence) -> list[tuple[str, list[int], torch.Tensor | 
     return out
 
 
+def paired_field_stacks(dst: Sequence, src: Sequence) -> list[tuple[str, list[int], torch.Tensor | None,
+                                                                    torch.Tensor | None]]:
+    """``field_stacks(dst)`` with the same field's stacked view in ``src`` beside each: ``(name, index, dst_view,
+    src_view)``; both views are None unless both sides are stacked, so a caller does one op or the per-layer ops."""
+    src_views = {(name, tuple(index)): view for name, index, view in field_stacks(src)}
+    out = []
+    for name, index, view in field_stacks(dst):
+        other = src_views.get((name, tuple(index)))
+        both = view is not None and other is not None
+        out.append((name, index, view if both else None, other if both else None))
+    return out
+
+
 def map_layers(layers: Sequence, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> list:
     """New layer states with ``fn(tensor, batch_dim)`` applied to every tensor: once per stacked field (its
     result stays stacked), once per tensor elsewhere."""

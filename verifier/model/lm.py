@@ -20,7 +20,7 @@ from stree.protocols.token_tree import TokenTree, TreeBatch
 
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.layer_stack import allocate_stacked, field_stacks, map_layers, stacked_view
+from stree.verifier.model.layer_stack import allocate_stacked, map_layers, paired_field_stacks, stacked_view
 from stree.verifier.model.linear import Linear
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, Projected
 from stree.verifier.model.parallel_mixer import ParallelMixer
@@ -158,10 +158,8 @@ class LMState:
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.seqlen.device)
         n = idx.numel()
         copied = set()  # (layer, field) pairs done as part of a stacked field: one copy for all its layers
-        src_stacks = {(name, tuple(index)): view for name, index, view in field_stacks(src.layers)}
-        for name, index, view in field_stacks(self.layers):
-            s_view = src_stacks.get((name, tuple(index)))
-            if view is not None and s_view is not None and s_view.shape[2:] == view.shape[2:]:
+        for name, index, view, s_view in paired_field_stacks(self.layers, src.layers):
+            if view is not None and s_view.shape[2:] == view.shape[2:]:
                 view.index_copy_(1, idx, s_view[:, :n].to(view.dtype))
                 copied.update((i, name) for i in index)
         for i, (dst_layer, src_layer) in enumerate(zip(self.layers, src.layers)):
@@ -206,7 +204,8 @@ class TrimmedHead:
         return out
 
 
-SSM_CACHE_DTYPES = ("float32", "bfloat16", "float16", "auto")
+_SSM_CACHE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SSM_CACHE_DTYPES = (*_SSM_CACHE, "auto")
 
 
 @dataclass
@@ -229,9 +228,8 @@ class StreeLM(WeightsHome, nn.Module):
 
     def set_mamba_ssm_cache_dtype(self, name: str | torch.dtype) -> None:
         """``float32``, ``bfloat16``, ``float16`` or ``auto`` (the model's dtype), for states made afterwards."""
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": self.dtype}
-        dtype = dtypes.get(name) if isinstance(name, str) else name
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        dtype = ({**_SSM_CACHE, "auto": self.dtype}.get(name) if isinstance(name, str) else name)
+        if dtype not in _SSM_CACHE.values():
             raise ValueError(f"mamba_ssm_cache_dtype must be one of {', '.join(SSM_CACHE_DTYPES)}; got {name!r}")
         self.mamba_ssm_cache_dtype = dtype
 

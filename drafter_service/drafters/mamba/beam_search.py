@@ -16,7 +16,7 @@ import torch
 from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import TokenTree
 from stree.kernels.cuda_graph import capture_graph
-from stree.verifier.model.layer_stack import field_stacks, for_each_field
+from stree.verifier.model.layer_stack import for_each_field, paired_field_stacks
 
 
 def draft_log_q(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -34,10 +34,8 @@ def _reorder_rows_(state, rows: torch.Tensor) -> None:
 
 def copy_state_(dst, src) -> None:
     """Copy a state into another in place; a batch-1 ``src`` fills every row of ``dst`` (one copy per stacked field)."""
-    src_stacks = {(name, tuple(index)): view for name, index, view in field_stacks(src.layers)}
-    for name, index, view in field_stacks(dst.layers):
-        s_view = src_stacks.get((name, tuple(index)))
-        if view is not None and s_view is not None:
+    for name, index, view, s_view in paired_field_stacks(dst.layers, src.layers):
+        if view is not None:
             view.copy_(s_view.expand_as(view))
             continue
         for i in index:
