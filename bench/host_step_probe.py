@@ -1,6 +1,8 @@
 """Where the host's time per engine step goes (trained pair, fp32, batch 1, one HumanEval-style prompt): the CPU
-cost of one step-graph replay alone, then a cProfile of whole generations per tree shape. GPU only.
-Usage (repo root, after bench/gpu_start.sh): python3 bench/host_step_probe.py OUT.txt"""
+cost of one step-graph replay alone, then a cProfile of whole generations per tree shape. With ``sampled``: the GPU
+time per step instead, greedy against T=1 (what sampled verification adds to a plain and a chain:4 step; engine
+CUDA-event times, graphs captured first). GPU only.
+Usage (repo root, after bench/gpu_start.sh): python3 bench/host_step_probe.py OUT.txt [sampled]"""
 
 import cProfile
 import io
@@ -24,6 +26,27 @@ def p(s):
 target = load_model("checkpoints/demo-target", device="cuda", dtype=torch.float32)
 draft = load_model("checkpoints/demo-draft", device="cuda", dtype=torch.float32)
 prompt = list(range(100, 160))
+
+
+def sampled_table():
+    p(f"{'shape':10s} {'T':>3s} {'steps':>6s} {'GPU us/step':>12s} {'tokens/step':>12s} {'host us p50':>12s}")
+    for spec in ("none", "chain:4"):
+        kw = {} if spec == "none" else {"drafter": "mamba", "draft_model": draft, "tree": spec}
+        for temperature in (0.0, 1.0):
+            for _ in range(2):  # warm-up: captures every graph this shape and mode need
+                generate(target, prompt, max_new_tokens=128, temperature=temperature, seed=0, **kw)
+            before = generate(target, prompt, max_new_tokens=1, temperature=temperature, seed=0, **kw)
+            res = generate(target, prompt, max_new_tokens=256, temperature=temperature, seed=1, **kw)
+            m0, m1 = before.stats["engine_metrics"], res.stats["engine_metrics"]
+            steps = m1["steps"] - m0["steps"]
+            gpu = m1["gpu_s"] - m0["gpu_s"]
+            p(f"{spec:10s} {temperature:3.0f} {steps:6d} {1e6 * gpu / steps:12.1f} "
+              f"{len(res.token_ids) / res.stats['steps']:12.2f} {res.stats.get('host_us_p50', 0):12.1f}")
+
+
+if sys.argv[2:] == ["sampled"]:
+    sampled_table()
+    sys.exit(0)
 for spec in ("none", "chain:4", "static:3,1,1,1"):
     kw = {} if spec == "none" else {"drafter": "mamba", "draft_model": draft, "tree": spec}
     for _ in range(2):  # warm-up: captures every graph this shape needs

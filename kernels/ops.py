@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+import torch
+
 from stree.kernels import backend, norm_linear
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
 from stree.kernels.linear import linear  # noqa: F401 - the model's projections call ops.linear
@@ -25,6 +27,7 @@ _OPS = {
     "tree_attention": ("tree_attention:tree_attention_ref", "tree_attention_triton:tree_attention_triton"),
     "kv_commit": ("tree_attention:kv_commit_ref", "tree_attention_triton:kv_commit_triton"),
     "greedy_verify": ("greedy_verify:greedy_verify_ref", "greedy_verify_triton:greedy_verify_triton"),
+    "sampled_verify": ("sampled_verify:sampled_verify_ref", "sampled_verify_triton:sampled_verify_triton"),
     "rotary": ("rotary:rotary_ref", "rotary_triton:rotary_triton"),
     "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
     "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
@@ -140,6 +143,18 @@ def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
     if tokens.shape[1] > FUSED_MAX_NODES:
         op = _load(_OPS["greedy_verify"][0])
     return op(tokens, parents, valid, best, max_depth, max_width)
+
+
+def sampled_verify(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,
+                   bonus_uniforms, max_depth: int, max_width: int, prob_dtype=torch.float32):
+    """``(path, path_len, bonus, out_tokens)`` of recursive rejection sampling (greedy rows by argmax). The kernel
+    takes float32 laws without top-k / top-p filters and trees up to ``FUSED_MAX_NODES``; the rest take the
+    reference."""
+    op = get("sampled_verify", tokens.device)
+    if top_k is not None or top_p is not None or prob_dtype != torch.float32 or tokens.shape[1] > FUSED_MAX_NODES:
+        op = _load(_OPS["sampled_verify"][0])
+    return op(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,
+              bonus_uniforms, max_depth, max_width, prob_dtype)
 
 
 def rotary(x, pos, dim: int, base: float, interleaved: bool):

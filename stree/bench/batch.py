@@ -24,6 +24,7 @@ from stree.bench.prompt_sets import load_prompt_set
 from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
 from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
 from stree.protocols.registry import create_drafter
+from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
 from stree.verifier.decode.loop import generate, warm_up_engines
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
@@ -73,21 +74,21 @@ def pair_rows(args, device, dtype) -> list[dict]:
         for b in tqdm(args.batch_sizes, desc=f"pair T={temp}", file=sys.stderr):
             plain = None
             for name, (d, opts) in methods.items():
-                drafter = create_drafter(d, **opts) if d else None
-                # at least --min-prompts prompts, b at a time (later ones join as slots free up)
-                res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp,
-                            repeats=args.repeats)
-                outs = res.pop("outputs")
-                row = dict(target="demo-pair", method=name, batch=b, temperature=temp, **res)
-                if name == "plain":
-                    plain = row
-                else:
-                    row["speedup_vs_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
-                    if temp == 0:
-                        row["output_equals_plain_greedy"] = outs == plain_outs
-                if name == "plain":
-                    plain_outs = outs
-                rows.append(row)
+                for hold in ([None] if name == "plain" else args.admit_hold_steps):
+                    drafter = create_drafter(d, **opts) if d else None
+                    # at least --min-prompts prompts, b at a time (later ones join as slots free up)
+                    res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp,
+                                repeats=args.repeats, admit_hold_steps=hold)
+                    outs = res.pop("outputs")
+                    row = dict(target="demo-pair", method=name, batch=b, temperature=temp,
+                               admit_hold_steps=ADMIT_HOLD_STEPS if hold is None else hold, **res)
+                    if name == "plain":
+                        plain, plain_outs = row, outs
+                    else:
+                        row["speedup_vs_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
+                        if temp == 0:
+                            row["output_equals_plain_greedy"] = outs == plain_outs
+                    rows.append(row)
     return rows
 
 
@@ -198,7 +199,9 @@ def run(args) -> int:
 def _table_line(r: dict) -> str:
     sp, sm = r.get("speedup_vs_plain"), r.get("speedup_vs_mamba_ssm")
     dec = r.get("decode_tokens_per_s")
-    return (f"{r['target']:<10}{r['method']:<22}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
+    method = r["method"] if r["method"] == "plain" or "admit_hold_steps" not in r else \
+        f"{r['method']} hold {r['admit_hold_steps']}"
+    return (f"{r['target']:<10}{method:<22}{r['temperature']:>4}{r['batch']:>6}{r['tokens_per_s']:>10.0f}"
             f"{(f'{dec:.0f}' if dec else '-'):>9}{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{sm:.2f}x' if sm else '-'):>12}{(r.get('tau') or 0):>6.2f}"
             f"{(r.get('host_us_p50') or 0):>9.0f}")
 
@@ -215,6 +218,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3,
                    help="trained pair: measured runs per row after the warm-up; the median is reported")
     p.add_argument("--beam-tree", default="beam:5x3")
+    p.add_argument("--admit-hold-steps", type=lambda s: [int(x) for x in s.split(",")], default=[ADMIT_HOLD_STEPS],
+                   help="speculative pair rows once per value: steps free slots may wait to batch queued prompts")
     p.add_argument("--skip-pair", action="store_true", help="only the oracle rows (with --oracle-shape)")
     p.add_argument("--oracle-shape", default=None, choices=list(SHAPES), help="also the oracle at this random shape")
     p.add_argument("--oracle-tau", type=int, default=4)

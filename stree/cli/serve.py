@@ -14,6 +14,7 @@ from stree.cli.drafter_service import options_function, parse_options
 from stree.protocols.drafter import DraftBudget
 
 from stree.protocols.drafter import DEFAULT_BUDGET
+from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,6 +54,7 @@ def build_server(args):
         default_max_new_tokens=args.default_max_new_tokens, max_new_tokens=args.max_new_tokens_limit,
         max_prompt_chars=args.max_prompt_chars, max_num_samples=args.max_num_samples,
         max_streams_per_client=args.max_streams_per_client, prefill_chunk=args.prefill_chunk, budget=budget,
+        admit_hold_steps=args.admit_hold_steps,
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -118,6 +120,10 @@ def add_parser(sub) -> None:
                    help="concurrent HTTP generations per client address")
     p.add_argument("--prefill-chunk", type=int, default=512,
                    help="prompt tokens prefilled between cancel checks")
+    p.add_argument("--admit-hold-steps", type=int, default=ADMIT_HOLD_STEPS,
+                   help="at most this many steps free slots may wait, while more requests queue than slots are free, for running "
+                        "sequences about to finish, so that queued prompts share one prefill (measured costs set the "
+                        "hold below this; 0: admit at once)")
     p.add_argument("--max-nodes", type=int, default=None, help="default draft budget: nodes per tree")
     p.add_argument("--max-depth", type=int, default=None, help="default draft budget: tree depth")
     p.add_argument("--max-width", type=int, default=None, help="default draft budget: children per node")

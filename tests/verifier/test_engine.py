@@ -15,6 +15,7 @@ import torch
 import stree
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.protocols import SamplingParams, create_drafter
+from stree.verifier.decode.admission import AdmissionCosts, should_hold, steps_to_finish
 from stree.verifier.decode.engine import Engine, Request
 
 
@@ -395,3 +396,67 @@ def test_a_request_with_top_k_gets_its_own_step_after_unfiltered_sampled_steps(m
     tree_keys = [k for k in keys if k[0] == "tree"]
     assert tree_keys[0][2:] == (True, False) and tree_keys[-1][2:] == (True, True)
     assert top1.output == _reference(model, [2, 4], 10)
+
+
+def _prefill_batches(engine) -> list:
+    """Spy on the engine's prefill passes: how many prompts joined in each admission."""
+    batches, real = [], engine.prefiller.run
+    engine.prefiller.run = lambda prompts, *a, **k: batches.append(len(prompts)) or real(prompts, *a, **k)
+    return batches
+
+
+class FixedCosts(AdmissionCosts):
+    """Admission and step costs held fixed (the engine's measurements are wall times on the CPU: not repeatable)."""
+
+    def observe_admit(self, seconds):
+        pass
+
+    def observe_step(self, seconds):
+        pass
+
+
+@pytest.mark.parametrize("cap, second_limit, admit_s, want",
+                         [(32, 6, 1.0, [2, 2]), (0, 6, 1.0, [2, 1, 1]), (32, 40, 1.0, [2, 1, 1]),
+                          (32, 6, 0.01, [2, 1, 1])],
+                         ids=["held", "cap-0", "too-far-to-wait", "admission-cheaper-than-waiting"])
+def test_queued_prompts_wait_briefly_to_share_one_prefill(models, cap, second_limit, admit_s, want):
+    """Four prompts, two slots: when the first sequence ends three steps before the second, the two queued prompts
+    wait for it and join in one prefill; not when holding is off, when the second is not about to finish, or when
+    the idle steps would cost more than an admission (steps 10 ms here). Outputs equal plain greedy either way."""
+    model = models["mamba2"]
+    engine = Engine(model, None, ["none"], max_batch=2, max_seqlen=64, admit_hold_steps=cap)
+    engine.admission_costs = FixedCosts(admit_s=admit_s, step_s=0.01)
+    batches = _prefill_batches(engine)
+    prompts, limits = [[1, 2], [3, 4, 5], [6, 7], [7, 8]], [3, second_limit, 5, 5]
+    reqs = engine.run([Request(p, max_new_tokens=m) for p, m in zip(prompts, limits)])
+    assert [r.output for r in reqs] == [_reference(model, p, m) for p, m in zip(prompts, limits)]
+    assert batches == want
+    assert (engine.metrics["admission_holds"] > 0) == (want == [2, 2])
+
+
+def test_no_hold_when_every_queued_prompt_fits(models):
+    model = models["mamba2"]
+    engine = Engine(model, None, ["none"], max_batch=2, max_seqlen=64)
+    engine.admission_costs = FixedCosts(admit_s=1.0, step_s=0.01)
+    batches = _prefill_batches(engine)
+    engine.run([Request(p, max_new_tokens=m) for p, m in zip([[1, 2], [3, 4], [5, 6]], [3, 6, 4])])
+    assert batches == [2, 1] and engine.metrics["admission_holds"] == 0
+    with pytest.raises(ValueError, match="admit_hold_steps"):
+        Engine(model, None, ["none"], max_batch=2, max_seqlen=64, admit_hold_steps=-1)
+
+
+def test_admission_hold_budget_weighs_idle_steps_against_one_admission():
+    costs = AdmissionCosts()
+    assert costs.hold_steps(1, 4, 32) == 0  # nothing measured yet: no hold
+    costs.observe_admit(0.0065)
+    costs.observe_step(0.0004)
+    assert costs.hold_steps(1, 4, 32) == 32  # demo pair, batch 4: 65 idle slot-steps per admission, capped
+    assert costs.hold_steps(3, 4, 100) == 21
+    costs.step_s = 0.0036  # 2.7B-like step: holding one of four slots pays for 7 steps at most
+    assert costs.hold_steps(1, 4, 32) == 7
+    costs.observe_step(0.0036)
+    costs.observe_admit(0.0165)  # running means: 0.0065 + 0.2 * 0.01
+    assert costs.admit_s == pytest.approx(0.0085)
+    assert steps_to_finish(12, 30, 10) == 4.0 and steps_to_finish(5, 0, 0) == 5.0
+    assert should_hold(3, 1, 0, 8, [9.0, 4.0]) and not should_hold(3, 1, 5, 8, [4.0])
+    assert not should_hold(1, 1, 0, 8, [1.0]) and not should_hold(3, 1, 0, 8, [])

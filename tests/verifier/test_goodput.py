@@ -135,3 +135,25 @@ def test_an_explore_budget_bounds_the_time_retries_lose():
 def test_a_bad_explore_budget_is_refused():
     with pytest.raises(ValueError, match="explore_budget"):
         GoodputController([TreeShape.parse("none")], explore_budget=0.0)
+
+
+def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
+    """Leaving plain decoding to retry a draft first refreshes the stale drafter: the retry's expected loss counts
+    the refreshes' running mean, so the same draft is due later once refreshes were observed."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=1, min_samples=2, explore_budget=0.1)
+    cost, tau = {"none": 1.0, "chain:3": 3.0}, {"none": 1.0, "chain:3": 2.5}  # chain loses 0.5 s per step
+    chooser = ctl.mode()
+    for _ in range(8):  # both measured (2 steps each), then plain chosen on merit
+        s = ctl.choose()
+        ctl.observe(s, tau[str(s)], cost[str(s)])
+        if chooser.current == plain:
+            break
+    assert chooser.current == plain
+    while chooser.clock - chooser.stats[chain].last_clock < 11.0:  # plain steps, outside choose: no retry runs
+        chooser.step += 1
+        ctl.observe(plain, 1.0, 1.0)
+    assert chooser.refresh_s == 0.0 and chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s, 11 s since: 9 % < 10 %
+    ctl.observe(plain, 1.0, 1.0, refresh_s=2.0)  # a refresh seen (its 1/32 share charged to that step)
+    assert chooser.refresh_s == pytest.approx(2.0)
+    assert not chooser._due(chain, plain)  # loss 1 + 2 s against 12 s: 25 % > 10 %

@@ -11,13 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stat_helpers import assert_same_distribution, chisquare_pvalue, exact_sequence_distribution
+from stat_helpers import assert_same_distribution, chisquare_pvalue
 from stree.protocols.sampling import SamplingParams, sample_inverse_cdf, warp_logits, warp_logits_rows
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
-from stree.verifier.decode import verify_device
+from stree.kernels import sampled_verify
 from stree.verifier.decode.verify import verify_tree
 from stree.protocols.token_tree import ancestor_mask
 from stree.verifier.decode.verify_device import tree_bounds, verify_batch
+from verify_toys import ALPHA, PARAMS, WOR_P, ToyBatch, wor_first_tokens
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -29,7 +30,6 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-ALPHA = 1e-3  # false-alarm rate of each distribution test (seeds are fixed, so runs are repeatable)
 MODES = list(DraftMode)
 
 
@@ -386,77 +386,7 @@ def test_padding_is_never_accepted():
         assert res.bonus.tolist() == [0, 0]
 
 
-# ----- distribution: the first two emitted tokens follow the target --------------------------------------
-VOCAB, ROOT = 6, 4
-PARAMS = {
-    "t0.7-topk3": SamplingParams(temperature=0.7, top_k=3),
-    "t1.4-topp0.8": SamplingParams(temperature=1.4, top_p=0.8),
-}
-BRANCHING = {DraftMode.DETERMINISTIC: (2, 2), DraftMode.IID: (3, 2), DraftMode.WITHOUT_REPLACEMENT: (3, 2)}
-N_SAMPLES = 4000
-
-
-class ToyBatch:
-    """Order-1 Markov target and draft over a tiny vocabulary; B trees drafted below ROOT at once."""
-
-    def __init__(self, params, mode, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.target = torch.randn(VOCAB, VOCAB, generator=g) * 1.5  # logits after each token
-        self.p = warp_logits(self.target, params)
-        self.q = warp_logits(0.6 * self.target + torch.randn(VOCAB, VOCAB, generator=g), params)
-        self.params, self.mode, self.branching = params, mode, BRANCHING[mode]
-
-    def _draw(self, q_rows, k, gen):
-        """[rows, k] children of each row of q, and whether each is real (WOR can run out of support)."""
-        if self.mode is DraftMode.IID:
-            kids = torch.multinomial(q_rows, k, replacement=True, generator=gen)
-            return kids, torch.ones_like(kids, dtype=torch.bool)
-        if self.mode is DraftMode.WITHOUT_REPLACEMENT:  # Gumbel-top-k
-            u = torch.rand(q_rows.shape, generator=gen, dtype=torch.float64).clamp_min(1e-300)
-            keys = q_rows.double().log() - (-u.log()).log()
-            kids = keys.topk(k, dim=-1).indices
-            return kids, q_rows.gather(1, kids) > 0
-        top = torch.argsort(q_rows, dim=-1, descending=True, stable=True)[:, :k]
-        kids = torch.cat([top, top[:, :1]], dim=1)  # top-k plus a duplicate of the best
-        return kids, torch.ones_like(kids, dtype=torch.bool)
-
-    def trees(self, b, gen):
-        """tokens, parents, valid [B, N] in level order; nodes below an unreal node are padding too."""
-        tokens, parents = [torch.full((b,), ROOT)], [torch.full((b,), -1)]
-        valid = [torch.ones(b, dtype=torch.bool)]
-        frontier = [0]
-        for k in self.branching:
-            grown = []
-            for node in frontier:
-                kids, real = self._draw(self.q[tokens[node]], k, gen)
-                for j in range(kids.shape[1]):
-                    ok = real[:, j] & valid[node]
-                    tokens.append(torch.where(ok, kids[:, j], 0))
-                    parents.append(torch.where(ok, node, 0))
-                    valid.append(ok)
-                    grown.append(len(tokens) - 1)
-            frontier = grown
-        return torch.stack(tokens, 1), torch.stack(parents, 1), torch.stack(valid, 1)
-
-    def first_two(self, n_samples=N_SAMPLES, seed=1):
-        """First two tokens emitted by one device step (a second, plain target draw if it emitted one)."""
-        gen = torch.Generator().manual_seed(seed)
-        tokens, parents, valid = self.trees(n_samples, gen)
-        n = tokens.shape[1]
-        u, bonus_u = torch.rand(n_samples, n, generator=gen), torch.rand(n_samples, n, generator=gen)
-        params = (torch.full((n_samples,), self.params.temperature),
-                  torch.full((n_samples,), self.params.top_k), torch.full((n_samples,), self.params.top_p))
-        res = verify_batch(tokens, parents, valid, self.target[tokens], *params, self.mode, self.q[tokens],
-                           u, bonus_u, len(self.branching), max(self.branching) + 1)
-        first = res.out_tokens[:, 0]
-        plain = torch.multinomial(self.p[first], 1, generator=gen).squeeze(1)
-        second = torch.where(res.num_out >= 2, res.out_tokens[:, 1], plain)
-        return list(zip(first.tolist(), second.tolist())), res.num_out
-
-    def exact_law(self):
-        return exact_sequence_distribution(lambda ctx: self.p[ctx[-1]], (ROOT,), 2)
-
-
+# ----- distribution: the first two emitted tokens follow the target (toys in tests/verify_toys.py) ----------
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("name", list(PARAMS))
 def test_device_sampling_matches_target_law(mode, name):
@@ -469,36 +399,16 @@ def test_device_sampling_matches_target_law(mode, name):
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 def test_biased_acceptance_is_detected(monkeypatch, mode):
     """Accepting when u * q < 1.5 p (too often) must fail the same chi-square test."""
-    monkeypatch.setattr(verify_device, "_accepts", lambda u, q_x, p_x: u * q_x < 1.5 * p_x)
+    monkeypatch.setattr(sampled_verify, "_accepts", lambda u, q_x, p_x: u * q_x < 1.5 * p_x)
     toy = ToyBatch(PARAMS["t1.4-topp0.8"], mode)
     samples, _ = toy.first_two()
     assert chisquare_pvalue(samples, toy.exact_law()) < ALPHA
 
 
-# q = [.7, .1, .1, .1], p = [.05, .6, .3, .05], 3 children drawn without replacement: with the i.i.d.
-# rule (q never updated) token 1 comes out w.p. 0.45 instead of 0.6.
-WOR_P, WOR_Q = [0.05, 0.6, 0.3, 0.05], [0.7, 0.1, 0.1, 0.1]
-
-
-def _wor_first_tokens(n_samples=3000, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.tensor(WOR_Q)
-    kids = torch.stack([torch.multinomial(q, 3, generator=gen) for _ in range(n_samples)])
-    tokens = torch.cat([torch.zeros(n_samples, 1, dtype=torch.long), kids], 1)
-    parents = torch.tensor([-1, 0, 0, 0]).expand(n_samples, 4)
-    logits = torch.tensor(WOR_P).log().expand(n_samples, 4, 4)
-    ones = torch.ones(n_samples)
-    res = verify_batch(tokens, parents, torch.ones(n_samples, 4, dtype=torch.bool), logits, ones,
-                       torch.zeros(n_samples, dtype=torch.long), ones, DraftMode.WITHOUT_REPLACEMENT,
-                       q.expand(n_samples, 4, 4), torch.rand(n_samples, 4, generator=gen),
-                       torch.rand(n_samples, 4, generator=gen), 1, 3)
-    return res.out_tokens[:, 0].tolist()
-
-
 def test_without_replacement_one_level_is_exact():
-    assert_same_distribution(_wor_first_tokens(), dict(enumerate(WOR_P)), ALPHA)
+    assert_same_distribution(wor_first_tokens(), dict(enumerate(WOR_P)), ALPHA)
 
 
 def test_without_replacement_needs_its_own_rule(monkeypatch):
-    monkeypatch.setattr(verify_device, "_remove", lambda q, x: q)
-    assert chisquare_pvalue(_wor_first_tokens(), dict(enumerate(WOR_P))) < ALPHA
+    monkeypatch.setattr(sampled_verify, "_remove", lambda q, x: q)
+    assert chisquare_pvalue(wor_first_tokens(), dict(enumerate(WOR_P))) < ALPHA

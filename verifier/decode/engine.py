@@ -28,6 +28,7 @@ from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
+from stree.verifier.decode.admission import AdmissionCosts, should_hold, steps_to_finish
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
 from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 PLAIN = TreeShape.parse("none")
 EXPLORE_BUDGET = 0.02
 """Goodput control's retries may lose at most this fraction of the run against the best shape (see goodput.py)."""
+ADMIT_HOLD_STEPS = 32
+"""At most this many steps free slots stay empty while more prompts wait than fit and a running sequence is about to
+finish, so that queued prompts share one prefill (admission.py: the measured costs set the hold below this cap)."""
 CATCH_UP = 16
 """Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass; past
 that, the drafter's slots go stale and are prefilled afresh from the sequence before its next draft."""
@@ -154,8 +158,13 @@ class Engine:
     def __init__(self, model: StreeLM, drafter=None, shapes: Sequence[TreeShape | str] = (),
                  max_batch: int = 8, max_seqlen: int = 4096, cuda_graphs: Optional[bool] = None,
                  goodput: bool = False, budget: DraftBudget = DEFAULT_BUDGET, seed: Optional[int] = None,
-                 overlap: bool = True, prefill_chunk: int = 512):
+                 overlap: bool = True, prefill_chunk: int = 512, admit_hold_steps: int = ADMIT_HOLD_STEPS):
         self.model = model
+        if admit_hold_steps < 0:
+            raise ValueError(f"admit_hold_steps must be >= 0, got {admit_hold_steps}")
+        self.admit_hold_steps = int(admit_hold_steps)
+        self._held = 0  # steps the free slots have waited so far
+        self.admission_costs = AdmissionCosts()
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = int(prefill_chunk)
@@ -312,9 +321,28 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting) or self.num_running > 0 or bool(self.pending)
 
+    def _hold_admission(self, free: int) -> bool:
+        """Whether the free slots stay empty this step (``admission.should_hold`` under the measured costs' budget)."""
+        budget = self.admission_costs.hold_steps(free, self.batch, self.admit_hold_steps)
+        running = (steps_to_finish(r.max_new_tokens - len(r.output), len(r.output), r.steps)
+                   for r in self.slots if r is not None and not r.done)
+        return should_hold(len(self.waiting), free, self._held, budget, running)
+
     def _admit(self) -> None:
-        """Prefill waiting requests into free slots, all of them in a few batched passes (between steps)."""
+        """Prefill waiting requests into free slots, all of them in a few batched passes (between steps).
+
+        With a queue longer than the free slots, admission may wait a few steps (at most ``admit_hold_steps``) for
+        running sequences about to finish, so that more prompts share one prefill (``admission.py``).
+        """
         free = [i for i, r in enumerate(self.slots) if r is None]
+        if not free or not self.waiting:
+            self._held = 0
+            return
+        if self._hold_admission(len(free)):
+            self._held += 1
+            self.metrics["admission_holds"] += 1
+            return
+        self._held = 0
         joining: list[Request] = []
         while self.waiting and len(joining) < len(free):
             req = self.waiting.popleft()
@@ -342,6 +370,7 @@ class Engine:
             self.backlog_len[slots] = 0
         elapsed = time.perf_counter() - t0
         self.metrics["admit_s"] += elapsed
+        self.admission_costs.observe_admit(elapsed)
         for j, i, req in zip(picked, slots, admitted):
             if self.observes:
                 self.drafter.observe_target(hidden[j], slot=i)
@@ -668,6 +697,8 @@ class Engine:
         # a capture's warm-up runs and the capture itself are no sample of what the step costs: the
         # controller would otherwise shun the shape (plain decoding included) for retry_every steps
         # a step that first refreshed a stale drafter is charged part of it (GoodputController.observe)
+        if step.measured:
+            self.admission_costs.observe_step(seconds)
         if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s,
                                  sampled=step.sampled)

@@ -12,7 +12,9 @@ pays costs ever less; one that wins resets it. Retries
 come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
 the steps right after it, since they share one refresh of the engine's stale drafter slots. With an
 ``explore_budget`` (the engine uses 2 %) a retry also waits until the time it is expected to lose
-against the best shape is at most that fraction of the measured time since the shape last ran: the
+against the best shape (with the drafter refresh it pays in full when it leaves plain decoding: at batch 4
+on the H100 the refreshes, not the retried steps, made the exploring runs ~10 % slower than plain) is at
+most that fraction of the measured time since the shape last ran: the
 steps-only rule spent 10-20 % of short runs re-measuring drafts that lose by far (measured on the
 H100 at batch 4, where auto ran at 0.82x plain while plain was its choice). The
 controller leaves its current shape only for one at least ``hysteresis`` faster: two shapes within
@@ -68,6 +70,7 @@ class ShapeChooser:
             raise ValueError(f"explore_budget must be in (0, 1], got {explore_budget}")
         self.explore_budget = explore_budget
         self.clock = 0.0  # measured seconds of every step observed so far
+        self.refresh_s = 0.0  # running mean of the drafter refreshes observed (a retry from plain pays one whole)
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
@@ -112,11 +115,15 @@ class ShapeChooser:
             return True
         rate = self.rate(best)
         loss = self.min_samples * max(0.0, r.cost - (r.tau / rate if rate > 0 else 0.0))
+        if shape.kind != "none" and self.current is not None and self.current.kind == "none":
+            loss += self.refresh_s  # leaving plain decoding for a retry refreshes the stale drafter first
         return self.clock - r.last_clock >= frac * loss / self.explore_budget
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
         refresh of ``refresh_s`` (charged in part, see the module docstring)."""
+        if refresh_s > 0:
+            self.refresh_s = refresh_s if self.refresh_s == 0 else self.refresh_s + self.alpha * (refresh_s - self.refresh_s)
         seconds += refresh_s / self.refresh_steps
         r = self.stats[shape]
         if r.seen < self.min_samples:  # the plain mean of the first samples

@@ -20,7 +20,7 @@ from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 from stree.protocols.validate import tree_problem
 
-from stree.verifier.decode.engine import DeadSession, Engine, Request, take_until_stop
+from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, DeadSession, Engine, Request, take_until_stop
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.decode.verify import verify_tree
 
@@ -253,6 +253,7 @@ def generate(
     tokenizer=None,
     cuda_graphs: Optional[bool] = None,
     max_batch: int = 64,
+    admit_hold_steps: Optional[int] = None,
     **drafter_options,
 ):
     """Generate up to ``max_new_tokens`` after each prompt; speculation never changes the output's distribution.
@@ -261,9 +262,12 @@ def generate(
     list of results. All prompts run together in one batched ``Engine`` (up to ``max_batch`` at a
     time). Draft-model trees (chain, static, beam; ``tree="auto"`` lets the engine pick per step by
     goodput) are drafted on the device inside the step; other drafters hand in trees per step. On
-    CUDA each step replays one CUDA graph unless ``cuda_graphs=False``.
+    CUDA each step replays one CUDA graph unless ``cuda_graphs=False``. With more prompts than slots, free
+    slots may wait up to ``admit_hold_steps`` steps (default ``engine.ADMIT_HOLD_STEPS``; 0: never) for running
+    sequences about to finish, so that queued prompts share one prefill.
     """
     prompts, single = _as_prompts(prompt_ids)
+    hold = ADMIT_HOLD_STEPS if admit_hold_steps is None else _check_hold(admit_hold_steps)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_model is not None and draft_model.vocab_size != model.vocab_size:
         raise ValueError(
@@ -282,6 +286,7 @@ def generate(
     engine = engine_for(model, engine_drafter, shapes, min(max_batch, len(prompts)), longest + max_new_tokens,
                         cuda_graphs, budget)
     engine.reseed(seed)
+    engine.admit_hold_steps = hold
     stops = frozenset(int(t) for t in stop_token_ids)
     requests = []
     try:
@@ -303,6 +308,12 @@ def generate(
         text = tokenizer.decode(r.output) if tokenizer is not None else None
         results.append(GenerationResult(token_ids=r.output, stats=stats, text=text))
     return results[0] if single else results
+
+
+def _check_hold(steps: int) -> int:
+    if int(steps) != steps or steps < 0:
+        raise ValueError(f"admit_hold_steps must be an integer >= 0, got {steps!r}")
+    return int(steps)
 
 
 def engine_room(tokens: int) -> int:

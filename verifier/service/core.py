@@ -19,7 +19,7 @@ from typing import AsyncIterator, Optional
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
-from stree.verifier.decode.engine import Engine, Request
+from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Engine, Request
 from stree.verifier.decode.loop import _device_path
 from stree.verifier.service.client import StreamChunk as Event  # one streamed step, or the totals
 from stree.verifier.service.drafters import NO_DRAFTER, RemoteDrafters
@@ -44,6 +44,7 @@ class ServerLimits:
     max_num_samples: int = 4  # OpenAI ``n``
     max_streams_per_client: int = 16
     prefill_chunk: int = 512
+    admit_hold_steps: int = ADMIT_HOLD_STEPS  # steps free slots may wait to batch queued prompts' prefills
     budget: DraftBudget = field(default_factory=lambda: DEFAULT_BUDGET)
 
 
@@ -115,7 +116,8 @@ class ServingCore:
         """Plain, device-drafter or host-drafter engine, from the server's default drafter."""
         lim = self.limits
         kwargs = dict(max_batch=lim.max_sessions, max_seqlen=lim.max_seq_len, cuda_graphs=cuda_graphs,
-                      budget=lim.budget, prefill_chunk=lim.prefill_chunk)
+                      budget=lim.budget, prefill_chunk=lim.prefill_chunk,
+                      admit_hold_steps=lim.admit_hold_steps)
         if self.drafters.default == NO_DRAFTER:
             return Engine(self.model, None, ["none"], **kwargs), NO_DRAFTER
         if not isinstance(self.drafters, RemoteDrafters):
