@@ -443,6 +443,8 @@ def test_no_hold_when_every_queued_prompt_fits(models):
     assert batches == [2, 1] and engine.metrics["admission_holds"] == 0
     with pytest.raises(ValueError, match="admit_hold_steps"):
         Engine(model, None, ["none"], max_batch=2, max_seqlen=64, admit_hold_steps=-1)
+    with pytest.raises(ValueError, match="admit_hold_steps"):
+        stree.generate(model, [[1, 2], [3]], max_new_tokens=2, admit_hold_steps=1.5)
 
 
 def test_admission_hold_budget_weighs_idle_steps_against_one_admission():

@@ -37,6 +37,13 @@ class AdmissionCosts:
         return max(0, min(cap, int(self.admit_s * batch / (self.step_s * free))))
 
 
+def check_hold_steps(steps) -> int:
+    """``admit_hold_steps`` as an int, or ValueError for anything but an integer >= 0."""
+    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+        raise ValueError(f"admit_hold_steps must be an integer >= 0, got {steps!r}")
+    return int(steps)
+
+
 def steps_to_finish(tokens_left: int, tokens_so_far: int, steps_so_far: int) -> float:
     """Expected steps until a sequence reaches its token limit, at its tokens per step so far (at least 1)."""
     rate = max(1.0, tokens_so_far / steps_so_far) if steps_so_far else 1.0

@@ -28,7 +28,7 @@ from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
-from stree.verifier.decode.admission import AdmissionCosts, should_hold, steps_to_finish
+from stree.verifier.decode.admission import AdmissionCosts, check_hold_steps, should_hold, steps_to_finish
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.verify_device import verify_batch
 from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets
@@ -160,9 +160,7 @@ class Engine:
                  goodput: bool = False, budget: DraftBudget = DEFAULT_BUDGET, seed: Optional[int] = None,
                  overlap: bool = True, prefill_chunk: int = 512, admit_hold_steps: int = ADMIT_HOLD_STEPS):
         self.model = model
-        if admit_hold_steps < 0:
-            raise ValueError(f"admit_hold_steps must be >= 0, got {admit_hold_steps}")
-        self.admit_hold_steps = int(admit_hold_steps)
+        self.admit_hold_steps = check_hold_steps(admit_hold_steps)
         self._held = 0  # steps the free slots have waited so far
         self.admission_costs = AdmissionCosts()
         if prefill_chunk < 1:

@@ -20,6 +20,7 @@ from stree.protocols.sampling import SamplingParams, warp_logits
 from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 from stree.protocols.validate import tree_problem
 
+from stree.verifier.decode.admission import check_hold_steps
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, DeadSession, Engine, Request, take_until_stop
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.decode.verify import verify_tree
@@ -267,7 +268,7 @@ def generate(
     sequences about to finish, so that queued prompts share one prefill.
     """
     prompts, single = _as_prompts(prompt_ids)
-    hold = ADMIT_HOLD_STEPS if admit_hold_steps is None else _check_hold(admit_hold_steps)
+    hold = ADMIT_HOLD_STEPS if admit_hold_steps is None else check_hold_steps(admit_hold_steps)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if draft_model is not None and draft_model.vocab_size != model.vocab_size:
         raise ValueError(
@@ -308,12 +309,6 @@ def generate(
         text = tokenizer.decode(r.output) if tokenizer is not None else None
         results.append(GenerationResult(token_ids=r.output, stats=stats, text=text))
     return results[0] if single else results
-
-
-def _check_hold(steps: int) -> int:
-    if int(steps) != steps or steps < 0:
-        raise ValueError(f"admit_hold_steps must be an integer >= 0, got {steps!r}")
-    return int(steps)
 
 
 def engine_room(tokens: int) -> int:
