@@ -24,17 +24,20 @@ class AdmissionCosts:
     alpha: float = 0.2
 
     def observe_admit(self, seconds: float) -> None:
-        self.admit_s = seconds if self.admit_s is None else self.admit_s + self.alpha * (seconds - self.admit_s)
+        self.admit_s = self._mean(self.admit_s, seconds)
 
     def observe_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s is None else self.step_s + self.alpha * (seconds - self.step_s)
+        self.step_s = self._mean(self.step_s, seconds)
+
+    def _mean(self, mean: Optional[float], sample: float) -> float:
+        return sample if mean is None else mean + self.alpha * (sample - mean)
 
     def hold_steps(self, free: int, batch: int, cap: int) -> int:
         """Steps ``free`` of ``batch`` slots may stay empty before their idle share of the steps outweighs one
         admission; at most ``cap``; 0 until both costs were measured."""
         if self.admit_s is None or not self.step_s or free < 1:
             return 0
-        return max(0, min(cap, int(self.admit_s * batch / (self.step_s * free))))
+        return min(cap, int(self.admit_s * batch / (self.step_s * free)))  # costs are >= 0, and so is cap
 
 
 def check_hold_steps(steps) -> int:
