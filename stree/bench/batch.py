@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta, report
 from stree.bench.oracle import SHAPES, make_target
-from stree.bench.prompt_sets import load_prompt_set
+from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
 from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
 from stree.protocols.registry import create_drafter
@@ -65,7 +65,8 @@ def pair_rows(args, device, dtype) -> list[dict]:
     target = load_model(args.target, device=device, dtype=dtype)
     draft = load_model(args.draft, device=device, dtype=dtype)
     tok = load_tokenizer(args.target)
-    texts = load_prompt_set("humaneval", max(max(args.batch_sizes), args.min_prompts), None, None)
+    texts = load_prompt_set(args.prompt_set, max(max(args.batch_sizes), args.min_prompts), args.prompt_file,
+                            args.data_dir)
     prompts = [tok.encode(t, add_special_tokens=False).ids[-args.max_prompt_tokens:] or [0] for _, t in texts]
     rows = []
     methods = {"plain": (None, {}), "auto": ("mamba", {"draft_model": draft, "tree": "auto"}),
@@ -215,6 +216,10 @@ def add_parser(sub) -> None:
     p.add_argument("--min-prompts", type=int, default=8,
                    help="trained pair: run at least this many prompts per batch size (small batches run several waves)")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
+    p.add_argument("--prompt-set", default="humaneval", choices=PROMPT_SETS, help="trained pair: the prompts' set")
+    p.add_argument("--prompt-file", default=None,
+                   help="the jsonl file of --prompt-set (mt_bench, gsm8k, spec_bench), or in_domain's site-packages")
+    p.add_argument("--data-dir", default=None, help="folder with mt_bench/, gsm8k/, spec_bench/ (e.g. ../shared/data)")
     p.add_argument("--repeats", type=int, default=3,
                    help="trained pair: measured runs per row after the warm-up; the median is reported")
     p.add_argument("--beam-tree", default="beam:5x3")

