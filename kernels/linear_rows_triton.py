@@ -69,12 +69,12 @@ def _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, rout_ptr, rows, r
 
 
 @triton.jit
-def _linear_rows_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr,
-                        M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
-                        G: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        UNROLL: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-                        NBG: tl.constexpr, HAS_BIAS: tl.constexpr):
-    pid = tl.program_id(0)
+def linear_rows_tile(pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr,
+                     M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
+                     G: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     UNROLL: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
+                     NBG: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Output columns ``[pid * BN, (pid + 1) * BN)`` of every row (tile ``pid`` 0 also writes the residual)."""
     cols = pid * BN + tl.arange(0, BN)
     rows = tl.arange(0, BM)
     row_ok = rows < M
@@ -106,6 +106,17 @@ def _linear_rows_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_p
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _linear_rows_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr,
+                        M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
+                        G: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        UNROLL: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
+                        NBG: tl.constexpr, HAS_BIAS: tl.constexpr):
+    linear_rows_tile(tl.program_id(0), x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr,
+                     M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
+                     G, GS, BM, BN, BK, UNROLL, STAGES, PRO, HAS_RES, NBG, HAS_BIAS)
 
 
 def fits(m: int, weight: torch.Tensor) -> bool:

@@ -19,14 +19,15 @@ _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 @triton.jit
-def _mamba_step_kernel(
-    cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr, ctr_ptr,
+def mamba_step_item(
+    item, cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr, ctr_ptr,
     H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
     s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
     KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     D_PER_CHANNEL: tl.constexpr, CLAMP: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
 ):
-    b, h, g, offs_p = head_block(tl.program_id(0), H, heads_per_group, n_pblocks, BP)
+    """The step of work item ``item`` = one (sequence, head, headdim block)."""
+    b, h, g, offs_p = head_block(item, H, heads_per_group, n_pblocks, BP)
     p_ok = offs_p < P
     cs_b = cs_ptr + b * s_sb
     x_b = x_ptr + b * s_xb
@@ -67,6 +68,20 @@ def _mamba_step_kernel(
             roll_conv_state(cs_b, x_b, b_base + offs_s, s_ok, s_sc, s_sk, s_xc, KM1, K_P2)
             roll_conv_state(cs_b, x_b, c_base + offs_s, s_ok, s_sc, s_sk, s_xc, KM1, K_P2)
         tl.atomic_xchg(ctr_ptr + b * G + g, 0)
+
+
+@triton.jit
+def _mamba_step_kernel(
+    cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr, ctr_ptr,
+    H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
+    s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
+    KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    D_PER_CHANNEL: tl.constexpr, CLAMP: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
+):
+    mamba_step_item(tl.program_id(0), cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr,
+                    ctr_ptr, H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
+                    s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
+                    KM1, K_P2, HAS_BIAS, SILU, D_PER_CHANNEL, CLAMP, BP, BS)
 
 
 def _counter(device: torch.device, n: int) -> torch.Tensor:

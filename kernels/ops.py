@@ -148,11 +148,16 @@ def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
 def sampled_verify(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,
                    bonus_uniforms, max_depth: int, max_width: int, prob_dtype=torch.float32):
     """``(path, path_len, bonus, out_tokens)`` of recursive rejection sampling (greedy rows by argmax). The kernel
-    takes float32 laws without top-k / top-p filters and trees up to ``FUSED_MAX_NODES``; the rest take the
-    reference."""
+    takes float32 laws and trees up to ``FUSED_MAX_NODES``; top-k / top-p reach it as logits already filtered
+    (``filter_logits_rows``: one pair of sorts over every node's row). The rest take the reference."""
+    ref = _load(_OPS["sampled_verify"][0])
     op = get("sampled_verify", tokens.device)
-    if top_k is not None or top_p is not None or prob_dtype != torch.float32 or tokens.shape[1] > FUSED_MAX_NODES:
-        op = _load(_OPS["sampled_verify"][0])
+    if prob_dtype != torch.float32 or tokens.shape[1] > FUSED_MAX_NODES:
+        op = ref
+    if op is not ref and (top_k is not None or top_p is not None):
+        from stree.protocols.sampling import filter_logits_rows
+
+        logits, top_k, top_p = filter_logits_rows(logits, temperature, top_k, top_p), None, None
     return op(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,
               bonus_uniforms, max_depth, max_width, prob_dtype)
 
@@ -201,3 +206,25 @@ def gated_rmsnorm_linear(y, z, norm_weight, group_size, eps, norm_before_gate, w
         return gated_rmsnorm_linear_rows_triton(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias)
 
     return fused() if norm_linear.use_fused("gated_rmsnorm", y, weight, fused, unfused) else unfused()
+
+
+def mamba_block_step(x, residual, p, conv_state, ssm_state):
+    """A Mamba2 block's whole decode step (``MambaBlockParams`` ``p``): ``(out, new residual)``, both states in
+    place. One persistent launch where ``block_step_choice`` measured it faster, else the three ops
+    (``add_rmsnorm_linear``, ``mamba_step``, ``gated_rmsnorm_linear``)."""
+    from stree.kernels.mamba_block_step import block_step_choice, split_zxbcdt
+
+    def split(cs, hs):
+        zxbcdt, r = add_rmsnorm_linear(x, residual, p.norm_w, p.norm_eps, p.residual_in_fp32, p.in_w, p.in_b)
+        z, xBC, dt = split_zxbcdt(zxbcdt, p)
+        y = mamba_step(cs, hs, xBC, dt, p.conv_w, p.conv_b, p.dt_bias, p.A, p.D, p.ngroups, p.dt_limit, "silu")
+        return gated_rmsnorm_linear(y, z, p.gnorm_w, p.group_size, p.gnorm_eps, p.norm_before_gate, p.out_w,
+                                    p.out_b), r
+
+    def fused(cs, hs, programs_per_sm):
+        from stree.kernels.mamba_block_step_triton import mamba_block_step_triton
+
+        return mamba_block_step_triton(x, residual, p, cs, hs, programs_per_sm=programs_per_sm)
+
+    choice = block_step_choice(x, p, conv_state, ssm_state, split, fused)
+    return split(conv_state, ssm_state) if choice == "split" else fused(conv_state, ssm_state, choice)

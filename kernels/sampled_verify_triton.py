@@ -5,7 +5,9 @@ target's law at the current node stays implicit (softmax statistics of its logit
 rejection turns it into a residual in a per-row scratch row; the bonus token is drawn by inverse CDF in two
 passes. Greedy rows (temperature 0) take the greedy kernel's rule in the same launch. Replaces a few hundred
 small PyTorch launches per step at T > 0 (about 0.8 ms of a chain:4 step on the demo pair, BENCHMARKS.md §0k).
-Rows with top-k / top-p take the reference (``sampled_verify.sampled_verify_ref``), which defines the law.
+The reference (``sampled_verify.sampled_verify_ref``) defines the law. Top-k / top-p arrive as logits already
+filtered to ``-inf`` (``protocols.sampling.filter_logits_rows``, called by ``ops.sampled_verify``): the kernel
+itself only knows temperature.
 """
 
 from __future__ import annotations
@@ -233,11 +235,13 @@ def _sampled_verify_kernel(
 def sampled_verify_triton(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,
                           bonus_uniforms, max_depth: int, max_width: int, prob_dtype: torch.dtype = torch.float32, *,
                           accept_scale: float = 1.0, remove: bool = True):
-    """Triton ``sampled_verify_ref`` (same outputs and contract) for rows without top-k / top-p filters, float32
-    laws and trees of at most ``MAX_NODES`` nodes; anything else raises ValueError (``ops`` routes it to the
-    reference). ``accept_scale`` and ``remove`` exist for the tests that must catch a biased verifier."""
+    """Triton ``sampled_verify_ref`` (same outputs and contract) for float32 laws and trees of at most ``MAX_NODES``
+    nodes, with top-k / top-p already applied to ``logits`` (``filter_logits_rows``); anything else raises
+    ValueError (``ops`` filters the logits, or routes to the reference). ``accept_scale`` and ``remove`` exist
+    for the tests that must catch a biased verifier."""
     if top_k is not None or top_p is not None:
-        raise ValueError("sampled_verify: the kernel takes no top-k / top-p filters (the reference does)")
+        raise ValueError("sampled_verify: the kernel takes top-k / top-p as filtered logits "
+                         "(protocols.sampling.filter_logits_rows), not as parameters")
     if prob_dtype != torch.float32:
         raise ValueError(f"sampled_verify: the kernel walks float32 laws, not {prob_dtype}")
     mode = DraftMode(mode)

@@ -98,17 +98,23 @@ def warp_logits_rows(
     row, and skips that filter's sort over the vocabulary (the result is the same as all-0 / all-1 rows).
     """
     logits = logits.float()
-    shape = (-1,) + (1,) * (logits.dim() - 1)
-    temp = temperature.to(logits.device, torch.float32).reshape(shape)
-    greedy = temp == 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
-    if top_k is not None:
-        scaled = _top_k_rows(scaled, top_k.to(logits.device).reshape(shape))
+    shape, greedy, scaled = _scaled_rows(logits, temperature, top_k)
     probs = torch.softmax(scaled, dim=-1)
     if top_p is not None:
         probs = _top_p_rows(probs, top_p.to(logits.device, torch.float32).reshape(shape))
     one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy, one_hot, probs)
+
+
+def _scaled_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor]):
+    """``(broadcast shape of a per-row value, greedy rows, float32 logits / T with top-k applied)``."""
+    shape = (-1,) + (1,) * (logits.dim() - 1)
+    temp = temperature.to(logits.device, torch.float32).reshape(shape)
+    greedy = temp == 0
+    scaled = logits.float() / torch.where(greedy, torch.ones_like(temp), temp)
+    if top_k is not None:
+        scaled = _top_k_rows(scaled, top_k.to(logits.device).reshape(shape))
+    return shape, greedy, scaled
 
 
 def _top_k_rows(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -122,15 +128,32 @@ def _top_k_rows(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(on & (logits < kth), float("-inf"))
 
 
-def _top_p_rows(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest prefix (by probability) reaching top_p, renormalized (top_p < 1 only)."""
+def _top_p_drop(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """True outside each row's smallest prefix (by probability) reaching top_p (rows with top_p >= 1: none)."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p
     drop_sorted = before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept = probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted) & (top_p < 1.0)
+
+
+def _top_p_rows(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest prefix (by probability) reaching top_p, renormalized (top_p < 1 only)."""
+    kept = probs.masked_fill(_top_p_drop(probs, top_p), 0.0)
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.where(top_p < 1.0, kept, probs)
+
+
+def filter_logits_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """``logits`` with ``-inf`` outside each sampled row's top-k / top-p set (greedy rows untouched): the same
+    sorts and masks as ``warp_logits_rows``, so ``softmax(filtered / T)`` is its law (up to rounding). Lets a
+    kernel that only knows temperature sample from the filtered law."""
+    shape, greedy, scaled = _scaled_rows(logits, temperature, top_k)
+    drop = scaled == float("-inf")
+    if top_p is not None:
+        drop = drop | _top_p_drop(torch.softmax(scaled, dim=-1), top_p.to(logits.device, torch.float32).reshape(shape))
+    return logits.masked_fill(drop & ~greedy, float("-inf"))
 
 
 def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,20 @@ from stree.protocols.token_tree import DraftMode, TokenTree, TreeBatch
 KINDS = ("chain", "star", "deep", "bushy", "binary")
 
 
+def on_each_backend(run) -> dict:
+    """``{"torch": run(), "triton": run()}``, each with that kernel backend forced (restored afterwards)."""
+    from stree.kernels import backend
+
+    out = {}
+    try:
+        for which in ("torch", "triton"):
+            backend.use(which)
+            out[which] = run()
+    finally:
+        backend.use(None)
+    return out
+
+
 def tree_parents(kind: str, n: int, gen: torch.Generator) -> list[int]:
     """Parent list (``parents[0] == -1``, ``parents[i] < i``) of an ``n``-node tree of the given kind."""
     parents = [-1]

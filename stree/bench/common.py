@@ -63,3 +63,34 @@ def add_pair_args(p) -> None:
     """``--target`` and ``--draft``: checkpoint folders, the trained demo pair by default."""
     p.add_argument("--target", default=DEMO_TARGET)
     p.add_argument("--draft", default=DEMO_DRAFT)
+
+
+def tee(path: str):
+    """A ``print`` for the GPU probe scripts in ``bench/``: each line to stdout and to ``path`` (flushed, so a
+    run cut short by the device's time limit keeps what it measured)."""
+    out = open(path, "w")
+
+    def say(line: str) -> None:
+        print(line)
+        out.write(line + "\n")
+        out.flush()
+
+    return say
+
+
+def random_block_params(d: int, heads: int, headdim: int, d_state: int, dtype: torch.dtype, generator,
+                        device="cuda"):
+    """A Mamba2 block's ``MambaBlockParams`` (one group, conv width 4, no biases) with random weights scaled like
+    a trained block's, for the block-step probes and GPU tests."""
+    from stree.kernels.mamba_block_step import MambaBlockParams
+
+    d_ssm, c = heads * headdim, heads * headdim + 2 * d_state
+
+    def rnd(*size, scale=1.0, dt=dtype):
+        return (torch.randn(*size, device=device, generator=generator) * scale).to(dt)
+
+    return MambaBlockParams(
+        rnd(d).abs() + 0.5, 1e-5, True, rnd(d_ssm + c + heads, d, scale=d ** -0.5), None, rnd(c, 4, scale=0.5),
+        rnd(c), rnd(heads, dt=torch.float32) - 2.0,
+        -torch.exp(torch.rand(heads, device=device, generator=generator) * 2.7), rnd(heads, dt=torch.float32), 1,
+        (0.0, float("inf")), rnd(d_ssm).abs() + 0.5, d_ssm, 1e-5, False, rnd(d, d_ssm, scale=d_ssm ** -0.5), None)

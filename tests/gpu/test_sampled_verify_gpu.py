@@ -1,6 +1,7 @@
 """The sampled verification kernel on the GPU: agreement with the reference on fresh random inputs (fp32 and bf16
-logits, the demo pair's and the 2.7B's vocabularies), the target's law (chi-square) in every draft mode with a
-biased kernel caught by the same test, and a CUDA graph replay equal to eager."""
+logits, the demo pair's and the 2.7B's vocabularies; top-k / top-p rows through filtered logits too), the target's
+law (chi-square) in every draft mode, filtered or not, with a biased kernel caught by the same test, and a CUDA
+graph replay equal to eager."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def _cuda(args):
 def _on_gpu(**bias):
     """The kernel as a ``verify`` function of CPU tensors (the toys build their trees on the CPU)."""
     return lambda *args: [t.cpu() for t in sampled_verify_triton(*_cuda(args), **bias)]
+
+
+def _filtered_on_gpu(**bias):
+    """The kernel on logits filtered to each row's top-k / top-p set (what ``ops.sampled_verify`` hands it)."""
+    from stree.protocols.sampling import filter_logits_rows
+
+    def verify(*args):
+        a = _cuda(args)
+        a[3] = filter_logits_rows(a[3], a[4], a[5], a[6])
+        return [t.cpu() for t in sampled_verify_triton(*a[:5], None, None, *a[7:], **bias)]
+
+    return verify
 
 
 def _same_rows(got, want) -> torch.Tensor:
@@ -52,6 +65,36 @@ def test_sampled_kernel_law_matches_target(mode):
     samples, num_out = toy.first_two(verify=_on_gpu())
     assert int(num_out.max()) >= 3, "trees should sometimes accept two drafted tokens"
     assert_same_distribution(samples, toy.exact_law(), ALPHA)
+
+
+@pytest.mark.parametrize("vocab, dtype", [(8192, torch.float32), (50280, torch.bfloat16)])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_filtered_rows_through_ops_agree_with_reference(mode, vocab, dtype):
+    """Top-k / top-p rows on the GPU: ``ops.sampled_verify`` (filtered logits, then the kernel) against the
+    reference walking the filters itself, same uniforms."""
+    from stree.kernels import ops
+
+    rows = same = 0
+    for seed in range(20):
+        args = _cuda(verify_case(seed, mode, vocab, follow=0.8, dtype=dtype))
+        g = torch.Generator().manual_seed(seed)
+        b = args[0].shape[0]
+        args[5] = (torch.randint(1, 200, (b,), generator=g) * (torch.rand(b, generator=g) < 0.6)).cuda()
+        args[6] = torch.where(torch.rand(b, generator=g) < 0.6, 0.3 + 0.6 * torch.rand(b, generator=g), 1.0).cuda()
+        got, want = ops.sampled_verify(*args), sampled_verify_ref(*args)
+        ok = _same_rows(got, want)
+        rows, same = rows + ok.numel(), same + int(ok.sum())
+    assert same >= 0.98 * rows, f"kernel agreed with the reference on {same} of {rows} rows"
+
+
+@pytest.mark.parametrize("params", ["t0.7-topk3", "t1.4-topp0.8"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_filtered_kernel_law_matches_target_and_a_bias_is_caught(mode, params):
+    toy = ToyBatch(PARAMS[params], mode)
+    samples, _ = toy.first_two(verify=_filtered_on_gpu())
+    assert_same_distribution(samples, toy.exact_law(), ALPHA)
+    biased, _ = toy.first_two(verify=_filtered_on_gpu(accept_scale=1.5))
+    assert chisquare_pvalue(biased, toy.exact_law()) < ALPHA
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)

@@ -11,9 +11,10 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from kernel_trees import on_each_backend  # noqa: E402
 from stree import TreeBatch  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
-from stree.kernels import backend, ops  # noqa: E402
+from stree.kernels import ops  # noqa: E402
 from stree.kernels.norm_linear import add_rmsnorm_linear_ref, gated_rmsnorm_linear_ref  # noqa: E402
 
 
@@ -40,18 +41,15 @@ def test_model_step_and_tree_through_fused_norms_equal_reference(models, arch):
     depth = torch.tensor([[0, 1, 1, 2, 2], [0, 1, 2, 2, 3]])
     trees = TreeBatch(tokens, parents, depth, torch.tensor([5, 5]))
     step_tok = torch.randint(0, model.vocab_size, (2,))
-    out = {}
-    try:
-        for which in ("torch", "triton"):
-            backend.use(which)
-            state = model.new_state(2, 32)
-            model.prefill(prompt, state)
-            with count_launches() as counts:
-                logits, acts = model.tree_forward(trees, state)
-            step_logits = model.step(step_tok, state)
-            out[which] = (logits, acts, step_logits, state, counts)
-    finally:
-        backend.use(None)
+
+    def run():
+        state = model.new_state(2, 32)
+        model.prefill(prompt, state)
+        with count_launches() as counts:
+            logits, acts = model.tree_forward(trees, state)
+        return logits, acts, model.step(step_tok, state), state, counts
+
+    out = on_each_backend(run)
     ref, fused = out["torch"], out["triton"]
     torch.testing.assert_close(fused[0], ref[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fused[2], ref[2], atol=1e-4, rtol=1e-4)

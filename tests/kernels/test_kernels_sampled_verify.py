@@ -44,30 +44,59 @@ def test_sampled_kernel_blocks_over_a_large_vocabulary():
             assert torch.equal(g, w), (seed, name, g, w)
 
 
-def test_ops_routes_filters_and_float64_to_the_reference(monkeypatch):
+def _filters(args, seed):
+    """Per-row top-k (0: off) and top-p (1: off) for a ``verify_case``, each on in about half the rows."""
+    gen = torch.Generator().manual_seed(seed)
+    b, vocab = args[3].shape[0], args[3].shape[2]
+    top_k = torch.randint(1, vocab + 1, (b,), generator=gen) * (torch.rand(b, generator=gen) < 0.5)
+    top_p = torch.where(torch.rand(b, generator=gen) < 0.5, 0.2 + 0.75 * torch.rand(b, generator=gen), 1.0)
+    return top_k, top_p
+
+
+def test_ops_routes_float64_and_large_trees_to_the_reference_and_filters_to_the_kernel(monkeypatch):
     from stree.kernels import backend
 
     args = list(verify_case(7, DraftMode.IID, vocab=11))
     calls = []
     monkeypatch.setattr("stree.kernels.sampled_verify_triton.sampled_verify_triton",
-                        lambda *a, **k: calls.append(1) or sampled_verify_ref(*a, **k))
+                        lambda *a, **k: calls.append(a[5:7]) or sampled_verify_ref(*a, **k))
     backend.use("triton")
     ops._CACHE.clear()
     try:
         ops.sampled_verify(*args)
-        assert calls == [1]
-        k = torch.zeros(args[0].shape[0], dtype=torch.long)
-        ops.sampled_verify(*args[:5], k, None, *args[7:])  # top-k given: the reference
+        assert calls == [(None, None)]
+        top_k, top_p = _filters(args, 0)
+        ops.sampled_verify(*args[:5], top_k, top_p, *args[7:])  # filters: the kernel, on filtered logits
+        assert calls[-1] == (None, None) and len(calls) == 2
         ops.sampled_verify(*args, prob_dtype=torch.float64)
-        assert calls == [1]
+        assert len(calls) == 2
     finally:
         backend.use(None)
         ops._CACHE.clear()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_filtered_rows_through_the_kernel_match_the_reference(mode):
+    """Top-k / top-p rows: the kernel on ``filter_logits_rows``' logits draws what the reference draws with the
+    filters, given the same uniforms."""
+    from stree.protocols.sampling import filter_logits_rows
+
+    filtered_rows = 0
+    for seed in range(30):
+        args = list(verify_case(200 + seed, mode, vocab=[5, 37, 300][seed % 3]))
+        top_k, top_p = _filters(args, seed)
+        want = sampled_verify_ref(*args[:5], top_k, top_p, *args[7:])
+        logits = filter_logits_rows(args[3], args[4], top_k, top_p)
+        got = sampled_verify_triton(*args[:3], logits, *args[4:])
+        for g, w, name in zip(got, want, NAMES):
+            assert torch.equal(g, w), (seed, name, g, w)
+        filtered_rows += int(((top_k > 0) | (top_p < 1)).sum())
+    assert filtered_rows > 30
+
+
 def test_sampled_kernel_refuses_what_it_cannot_do():
     args = list(verify_case(3, DraftMode.IID, vocab=7))
-    with pytest.raises(ValueError, match="top-k / top-p"):
+    with pytest.raises(ValueError, match="filtered logits"):
         sampled_verify_triton(*args[:5], torch.zeros(args[0].shape[0], dtype=torch.long), *args[6:])
     with pytest.raises(ValueError, match="float32"):
         sampled_verify_triton(*args, prob_dtype=torch.float64)

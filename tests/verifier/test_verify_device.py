@@ -152,20 +152,46 @@ def _assert_row_matches(case: Case, result, b: int, keep=None):
 
 
 # ----- building blocks ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed", range(4))
-def test_warp_logits_rows_matches_warp_logits_row_by_row(seed):
+def _rows_with_ties(seed: int):
+    """24 rows' sampling parameters and ``[24, 5, V]`` logits with exact ties and some -inf entries."""
     gen = torch.Generator().manual_seed(seed)
     vocab = [3, 7, 50, 257][seed]
     params = [_random_params(gen, vocab, greedy_share=0.2) for _ in range(24)]
     logits = torch.randn(24, 5, vocab, generator=gen) * 3
     logits[::3] = torch.randint(-2, 3, (8, 5, vocab), generator=gen).float()  # exact ties
     logits[1::5, :, 0] = float("-inf")
+    return params, logits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_warp_logits_rows_matches_warp_logits_row_by_row(seed):
+    params, logits = _rows_with_ties(seed)
     warped = warp_logits_rows(logits, *_param_tensors(params))
     assert warped.dtype == torch.float32
     for b, p in enumerate(params):
         assert torch.equal(warped[b], warp_logits(logits[b], p)), f"seed={seed} row={b} params={p}"
         for i in range(5):  # 1-D rows, as the reference warps them
             assert torch.equal(warped[b, i], warp_logits(logits[b, i], p)), f"seed={seed} row={b}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_filtered_logits_carry_the_warped_law(seed):
+    """``filter_logits_rows`` (what the sampled kernel receives): softmax(filtered / T) is ``warp_logits_rows``'
+    law on every sampled row, the kept set is exactly the warp's support (ties and -inf logits included), and
+    greedy rows are untouched."""
+    from stree.protocols.sampling import filter_logits_rows
+
+    params, logits = _rows_with_ties(seed)
+    temperature, top_k, top_p = _param_tensors(params)
+    warped = warp_logits_rows(logits, temperature, top_k, top_p)
+    filtered = filter_logits_rows(logits, temperature, top_k, top_p)
+    for b, p in enumerate(params):
+        if p.temperature == 0:
+            assert torch.equal(filtered[b], logits[b])
+            continue
+        law = torch.softmax(filtered[b] / p.temperature, dim=-1)
+        assert torch.equal(law > 0, warped[b] > 0), f"seed={seed} row={b} params={p}"
+        torch.testing.assert_close(law, warped[b], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -63,8 +63,9 @@ def verify_batch(
     in [0, 1). Nodes deeper than ``max_depth`` or past the first ``max_width`` children of their
     parent are never accepted: the same as verifying the truncated tree, so the law stays exact.
     ``sampling=False`` (a static promise that every row is greedy) skips the sampling walk; ``top_k`` /
-    ``top_p`` ``None`` (no row filters) skips their sorts in every warp, and on the GPU lets the whole walk run
-    as one Triton launch (``ops.sampled_verify``; the walk in ``kernels/sampled_verify.py`` is its reference).
+    ``top_p`` ``None`` (no row filters) skips their sorts. On the GPU the whole walk runs as one Triton launch
+    (``ops.sampled_verify``; with filters, on logits filtered first; the walk in ``kernels/sampled_verify.py``
+    is its reference).
     """
     mode = DraftMode(mode)
     _check_shapes(tokens, parents, valid, logits, mode, draft_probs, uniforms, bonus_uniforms,
