@@ -62,6 +62,15 @@ PROGRAMS_PER_SM = (1, 2, 4)  # the one-launch kernel's grid caps the timing trie
 _CHOICE: dict = {}
 
 
+def block_step_setting() -> str:
+    """``STREE_BLOCK_STEP``: ``split`` (the default), ``fused`` or ``auto`` (see ``block_step_choice``); anything
+    else is refused."""
+    setting = os.environ.get("STREE_BLOCK_STEP", "split")
+    if setting not in ("auto", "split", "fused"):
+        raise ValueError(f"STREE_BLOCK_STEP={setting!r} is not one of auto, split, fused")
+    return setting
+
+
 def block_step_choice(x: torch.Tensor, p: MambaBlockParams, conv_state, ssm_state, split, fused):
     """``"split"`` (norm + ``in_proj``, ``mamba_step``, gated norm + ``out_proj``: three ops) or the programs per
     SM of the one-launch kernel. ``split(cs, hs)`` and ``fused(cs, hs, programs_per_sm)`` run the step on the
@@ -73,9 +82,7 @@ def block_step_choice(x: torch.Tensor, p: MambaBlockParams, conv_state, ssm_stat
     the states; under capture an undecided shape runs split."""
     from stree.kernels.linear_rows_triton import MAX_ROWS
 
-    forced = os.environ.get("STREE_BLOCK_STEP", "split")
-    if forced not in ("auto", "split", "fused"):
-        raise ValueError(f"STREE_BLOCK_STEP={forced!r} is not one of auto, split, fused")
+    forced = block_step_setting()
     if (forced == "split" or backend.resolve(x.device) != "triton" or torch.is_grad_enabled()
             or not 1 <= x.shape[0] <= MAX_ROWS or p.conv_w.shape[1] < 2):
         return "split"

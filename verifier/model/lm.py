@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from stree.kernels import ops
 from stree.kernels.backend import capturing
+from stree.kernels.mamba_block_step import block_step_setting
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
@@ -92,7 +93,8 @@ class Block(nn.Module):
         """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
         reads the residual stream itself and the token embeddings ``emb``). ``fuse`` (step and tree modes) lets
         a Mamba2 block hand its mixer the pre-norm already through ``in_proj`` (``ops.add_rmsnorm_linear``)."""
-        if fuse and self.fusable_in_proj and isinstance(mix, StepMix) and self.mixer.block_fusable:
+        if (fuse and self.fusable_in_proj and isinstance(mix, StepMix) and self.mixer.block_fusable
+                and block_step_setting() != "split"):  # split (the default): the branch below, as before
             hidden, residual = mix.mixer.block_step(hidden, residual, self.norm, self.residual_in_fp32, mix.state)
             hidden = self._scaled(hidden)
         elif fuse and self.fusable_in_proj:
