@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 
 @triton.jit
 def head_block(pid, H, heads_per_group, n_pblocks, BP: tl.constexpr):
@@ -40,7 +43,9 @@ def _ssd_step_kernel(
     s_Cb, s_Cg, s_Cs,
     s_yb, s_yh, s_yp,
     BP: tl.constexpr, BS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b, h, g, offs_p = head_block(tl.program_id(0), H, heads_per_group, n_pblocks, BP)
     p_ok = offs_p < P
     dt = tl.load(dt_ptr + b * s_db + h * s_dh).to(tl.float32)
@@ -95,7 +100,9 @@ def _conv_step_kernel(
     cs_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, C,
     s_sb, s_sc, s_sk, s_xb, s_xc, s_wc, s_wk, s_ob, s_oc,
     KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(1)
     ch = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     ch_ok = ch < C
@@ -125,6 +132,7 @@ def ssd_step_triton(ssm_state, x, dt, A, Bm, Cm, D, *, out=None):
         ssm_state, x, dt, A, Bm, Cm, D, y, h, p, s, h // Bm.shape[1], n_pblocks,
         *ssm_state.stride(), *x.stride(), *dt.stride(), *Bm.stride(), *Cm.stride(), *y.stride(),
         BP=bp, BS=bs, num_warps=4,
+        **pdl.launch_args(),
     )
     return y
 
@@ -146,5 +154,6 @@ def conv_step_triton(conv_state, xBC, weight, bias, *, out=None):
         *conv_state.stride(), *xBC.stride(), *weight.stride(), *out.stride(),
         KM1=km1, K_P2=max(2, triton.next_power_of_2(km1 + 1)), HAS_BIAS=bias is not None,
         BLOCK_C=block_c, num_warps=4,
+        **pdl.launch_args(),
     )
     return out

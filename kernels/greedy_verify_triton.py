@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
 from stree.kernels.greedy_verify import FUSED_MAX_NODES as MAX_NODES
 
 
@@ -76,7 +78,9 @@ def _greedy_verify_kernel(
     N, MAX_DEPTH, MAX_WIDTH,
     s_tb, s_tn, s_pb, s_pn, s_vb, s_vn, s_bb, s_bn, s_qb, s_qd, s_ob, s_od,
     BN: tl.constexpr, BD: tl.constexpr, LOG2_BN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     nodes, ok, tok, par, anc, depth, rank, in_bounds = tree_structure_tl(
         tok_ptr, par_ptr, valid_ptr, b, N, MAX_DEPTH, MAX_WIDTH, s_tb, s_tn, s_pb, s_pn, s_vb, s_vn, BN, LOG2_BN)
@@ -118,5 +122,6 @@ def greedy_verify_triton(tokens, parents, valid, best, max_depth: int, max_width
         tokens, parents, v, best, path, path_len, bonus, out, n, max_depth, max_width,
         *tokens.stride(), *parents.stride(), *v.stride(), *best.stride(), *path.stride(), *out.stride(),
         **tree_blocks(n, max_depth), num_warps=4,
+        **pdl.launch_args(),
     )
     return path, path_len, bonus, out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stree.kernels import backend
+from stree.kernels import backend, pdl
 from stree.kernels.backend import capturing
 from stree.kernels.cuda_graph import graphed_fastest
 
@@ -45,7 +45,7 @@ def run_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def choose_rows(m: int, weight: torch.Tensor, bias: torch.Tensor | None):
     """How to run an ``m``-row input: a row count for cuBLAS (``m`` itself unless a padding measured
     clearly faster) or ``TRITON``."""
-    key = (m, tuple(weight.shape), weight.dtype, weight.device, bias is not None)
+    key = (m, tuple(weight.shape), weight.dtype, weight.device, bias is not None, pdl.setting())
     if key not in _CHOICE:
         if capturing():  # no timing inside a capture: unpadded, and decided on the next eager call
             return m

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from stree.kernels import pdl
 from stree.kernels.norms_triton import row_major
+from stree.kernels.pdl import pdl_enter
 
 MAX_ROWS = 32
 MAX_K = 16384
@@ -47,10 +49,16 @@ def _pre_norm(x_ptr, r_ptr, z_ptr, rows, ks, mask, s_xm, s_xk, s_rm, s_zm,
 
 
 @triton.jit
-def _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, rout_ptr, rows, row_ok, cols, col_ok, ks, k_ok,
-           s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_om,
+def _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk):
+    """``W[cols, ks]`` (zero outside)."""
+    return tl.load(w_ptr + cols[:, None] * s_wn + ks[None, :] * s_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w, rout_ptr, rows, row_ok, ks, k_ok,
+           s_xm, s_xk, s_rm, s_zm, s_om,
            PRO: tl.constexpr, HAS_RES: tl.constexpr, NBG: tl.constexpr):
-    """``acc += normed(x)[:, ks] W[cols, ks]^T`` for one chunk of K."""
+    """``acc += normed(x)[:, ks] w^T`` for one chunk of K (``w`` = ``W[cols, ks]``)."""
     m2 = row_ok[:, None] & k_ok[None, :]
     v = _pre_norm(x_ptr, r_ptr, z_ptr, rows, ks, m2, s_xm, s_xk, s_rm, s_zm, PRO, HAS_RES, NBG)
     if PRO == 1:
@@ -64,7 +72,6 @@ def _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, rout_ptr, rows, r
                 z = _rows(z_ptr, rows, ks, s_zm, 1, m2)
                 h = h * z * tl.sigmoid(z)
         v = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # the norm's output dtype, as the reference rounds
-    w = tl.load(w_ptr + cols[:, None] * s_wn + ks[None, :] * s_wk, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
     return acc + tl.sum(v[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
 
 
@@ -73,13 +80,17 @@ def linear_rows_tile(pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout
                      M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
                      G: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      UNROLL: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-                     NBG: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Output columns ``[pid * BN, (pid + 1) * BN)`` of every row (tile ``pid`` 0 also writes the residual)."""
+                     NBG: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    """Output columns ``[pid * BN, (pid + 1) * BN)`` of every row (tile ``pid`` 0 also writes the residual).
+    With ``PDL`` the first chunk of ``W`` is loaded before waiting for the kernel before (weights are constant)."""
     cols = pid * BN + tl.arange(0, BN)
     rows = tl.arange(0, BM)
     row_ok = rows < M
     col_ok = cols < N
     NKG: tl.constexpr = (GS + BK - 1) // BK  # chunks per norm group (the whole K when there is no group)
+    first = tl.arange(0, BK)
+    w_first = _w_chunk(w_ptr, cols, col_ok, first, first < GS, s_wn, s_wk) if PDL else None
+    pdl_enter(PDL)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for g in tl.static_range(G):
         lo = g * GS
@@ -95,13 +106,31 @@ def linear_rows_tile(pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout
         if UNROLL:
             for kb in tl.static_range(NKG):
                 ks = lo + kb * BK + tl.arange(0, BK)
-                acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, rout_ptr, rows, row_ok, cols,
-                             col_ok, ks, ks < lo + GS, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_om, PRO, HAS_RES, NBG)
+                k_ok = ks < lo + GS
+                if PDL and g == 0 and kb == 0:
+                    w = w_first
+                else:
+                    w = _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk)
+                acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w, rout_ptr, rows, row_ok, ks, k_ok,
+                             s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
         else:
-            for kb in tl.range(NKG, num_stages=STAGES):
-                ks = lo + kb * BK + tl.arange(0, BK)
-                acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, rout_ptr, rows, row_ok, cols,
-                             col_ok, ks, ks < lo + GS, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_om, PRO, HAS_RES, NBG)
+            if PDL and g == 0:  # the prefetched chunk first, then the pipelined loop over the rest
+                ks = lo + tl.arange(0, BK)
+                acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_first, rout_ptr, rows, row_ok, ks,
+                             ks < lo + GS, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
+                for kb in tl.range(1, NKG, num_stages=STAGES):
+                    ks = lo + kb * BK + tl.arange(0, BK)
+                    k_ok = ks < lo + GS
+                    acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
+                                 _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
+                                 k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
+            else:
+                for kb in tl.range(NKG, num_stages=STAGES):
+                    ks = lo + kb * BK + tl.arange(0, BK)
+                    k_ok = ks < lo + GS
+                    acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
+                                 _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
+                                 k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -113,10 +142,10 @@ def _linear_rows_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_p
                         M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
                         G: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         UNROLL: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-                        NBG: tl.constexpr, HAS_BIAS: tl.constexpr):
+                        NBG: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     linear_rows_tile(tl.program_id(0), x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr,
                      M, N, s_xm, s_xk, s_rm, s_zm, s_wn, s_wk, s_ym, s_om, eps,
-                     G, GS, BM, BN, BK, UNROLL, STAGES, PRO, HAS_RES, NBG, HAS_BIAS)
+                     G, GS, BM, BN, BK, UNROLL, STAGES, PRO, HAS_RES, NBG, HAS_BIAS, PDL)
 
 
 def fits(m: int, weight: torch.Tensor) -> bool:
@@ -161,7 +190,7 @@ def _launch(x2, weight, bias, *, r=None, z=None, nw=None, rout=None, eps=0.0, gr
         rout.stride(0) if rout is not None else 0, eps,
         G=k // (group or k), GS=group or k, BM=bm, BN=cfg["block_n"], BK=bk, UNROLL=cfg["unroll"],
         STAGES=cfg["num_stages"], PRO=pro, HAS_RES=r is not None, NBG=nbg, HAS_BIAS=bias is not None,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], **pdl.launch_args(x2.device),
     )
     return y
 

@@ -63,7 +63,7 @@ def _mamba_block_step_kernel(
         for t in range(pid, tl.cdiv(N_IN, BN1), nprog):
             linear_rows_tile(t, x_ptr, r_ptr, x_ptr, nw_ptr, inw_ptr, inb_ptr, zx_ptr, rout_ptr,
                              M, N_IN, s_xm, 1, s_rm, 0, s_inn, s_ink, s_zxm, s_om, eps1,
-                             1, K1, BM, BN1, BK1, UNROLL1, STAGES1, 1, HAS_RES, False, IN_BIAS)
+                             1, K1, BM, BN1, BK1, UNROLL1, STAGES1, 1, HAS_RES, False, IN_BIAS, False)
     if PHASE == 0:
         grid_barrier(sync_ptr, nprog)
     if PHASE == 0 or PHASE == 2:  # conv + dt + SSM update -> y + D x, one (sequence, head, headdim block) per item
@@ -78,7 +78,7 @@ def _mamba_block_step_kernel(
         for t in range(pid, tl.cdiv(N_OUT, BN3), nprog):
             linear_rows_tile(t, y_ptr, y_ptr, z_ptr, gw_ptr, outw_ptr, outb_ptr, out_ptr, out_ptr,
                              M, N_OUT, s_ym, 1, 0, s_zxm, s_outn, s_outk, s_outm, 0, eps3,
-                             G3, GS3, BM, BN3, BK3, UNROLL3, STAGES3, 2, False, NBG, OUT_BIAS)
+                             G3, GS3, BM, BN3, BK3, UNROLL3, STAGES3, 2, False, NBG, OUT_BIAS, False)
     if PHASE == 0:  # the last program out leaves the counters at zero for the next launch
         if tl.atomic_add(sync_ptr + 1, 1) == nprog - 1:
             tl.atomic_xchg(sync_ptr, 0)

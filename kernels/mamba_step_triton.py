@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
 from stree.kernels.decode_step_triton import conv_taps, head_block, roll_conv_state, update_state_block
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
@@ -76,8 +78,9 @@ def _mamba_step_kernel(
     H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
     s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
     KM1: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    D_PER_CHANNEL: tl.constexpr, CLAMP: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
+    D_PER_CHANNEL: tl.constexpr, CLAMP: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     mamba_step_item(tl.program_id(0), cs_ptr, h_ptr, x_ptr, dtr_ptr, w_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr,
                     ctr_ptr, H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
                     s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_xb, s_xc, s_db, s_dh, s_wc, s_wk, s_yb, s_yc,
@@ -131,5 +134,6 @@ def mamba_step_triton(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bia
         *conv_state.stride(), *ssm_state.stride(), *xBC.stride(), *dt_raw.stride(), *conv_w.stride(), *y.stride(),
         KM1=km1, K_P2=triton.next_power_of_2(km1 + 1), HAS_BIAS=conv_b is not None, SILU=True,
         D_PER_CHANNEL=D.numel() == h * p and D.numel() != h, CLAMP=clamp, BP=bp, BS=bs, num_warps=num_warps,
+        **pdl.launch_args(xBC.device),
     )
     return y

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stree.kernels import backend
+from stree.kernels import backend, pdl
 from stree.kernels.backend import capturing
 from stree.kernels.cuda_graph import graphed_fastest
 from stree.kernels.norms import add_rmsnorm_ref, gated_rmsnorm_ref
@@ -43,7 +43,7 @@ def use_fused(kind: str, x: torch.Tensor, weight: torch.Tensor, fused, unfused) 
         return False
     if not x.is_cuda:  # the Triton backend forced on the CPU (interpreter tests): nothing to time, fuse
         return True
-    key = (kind, rows, tuple(x.shape[-1:]), tuple(weight.shape), x.dtype, weight.dtype, x.device)
+    key = (kind, rows, tuple(x.shape[-1:]), tuple(weight.shape), x.dtype, weight.dtype, x.device, pdl.setting())
     if key not in _FUSED:
         if capturing():
             return False

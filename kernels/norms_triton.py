@@ -9,10 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, d, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < d
@@ -33,13 +37,14 @@ def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True):
     rout = torch.empty(rows, d, device=x.device, dtype=torch.float32 if residual_in_fp32 else x.dtype)
     res = residual.contiguous().view(-1, d) if residual is not None else xf
     _add_rmsnorm_kernel[(rows,)](xf, res, weight, out, rout, d, eps, HAS_RES=residual is not None,
-                                 BLOCK=triton.next_power_of_2(d))
+                                 BLOCK=triton.next_power_of_2(d), **pdl.launch_args(x.device))
     return out.view(x.shape), rout.view(x.shape)
 
 
 @triton.jit
 def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps, s_y, s_z,
-                          NORM_BEFORE_GATE: tl.constexpr, BLOCK: tl.constexpr):
+                          NORM_BEFORE_GATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     grp = tl.program_id(1)
     cols = grp * group_size + tl.arange(0, BLOCK)
@@ -70,5 +75,5 @@ def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
     out = torch.empty(yf.shape, device=y.device, dtype=y.dtype)
     _gated_rmsnorm_kernel[(yf.shape[0], d // group_size)](
         yf, zf, weight, out, d, group_size, eps, yf.stride(0), zf.stride(0), NORM_BEFORE_GATE=norm_before_gate,
-        BLOCK=triton.next_power_of_2(group_size))
+        BLOCK=triton.next_power_of_2(group_size), **pdl.launch_args(y.device))
     return out.view(y.shape)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 
 @triton.jit
 def _replay_kernel(
@@ -30,7 +33,9 @@ def _replay_kernel(
     KM1: tl.constexpr, KM1_P2: tl.constexpr, DO_SSM: tl.constexpr, DO_CONV: tl.constexpr,
     PATH_IS_ARANGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)  # int64: a whole model's stacked state passes 2**31 elements
     h_ptr += layer * s_hl
@@ -148,6 +153,7 @@ def _launch(ssm, conv, path, path_len, path_is_arange):
         *s_h, *conv_strides[0:3], *s_x, *s_d, *s_B, *conv_strides[3:6], *path.stride(),
         KM1=km1, KM1_P2=max(2, triton.next_power_of_2(max(km1, 1))), DO_SSM=n_ssm > 0, DO_CONV=n_conv > 0,
         PATH_IS_ARANGE=path_is_arange, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=4,
+        **pdl.launch_args(),
     )
 
 

@@ -9,13 +9,18 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 
 @triton.jit
 def _rotary_kernel(
     x_ptr, pos_ptr, f_ptr, y_ptr, T, H, D, HALF_DIM,
     s_xb, s_xt, s_xh, s_xd, s_pb, s_pt, s_yb, s_yt, s_yh, s_yd,
     BH: tl.constexpr, BF: tl.constexpr, BD: tl.constexpr, INTERLEAVED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     bt = tl.program_id(0)
     b, t = bt // T, bt % T
     heads = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -57,5 +62,6 @@ def rotary_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, in
         x, pos, inv_freq, y, t, h, d, half, *x.stride(), *pos.stride(), *y.stride(),
         BH=bh, BF=max(2, triton.next_power_of_2(half)), BD=max(2, triton.next_power_of_2(max(1, d - 2 * half))),
         INTERLEAVED=interleaved, num_warps=2,
+        **pdl.launch_args(),
     )
     return y

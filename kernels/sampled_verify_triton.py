@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
 from stree.kernels.greedy_verify_triton import (
     check_tree_args,
     greedy_final_tl,
@@ -177,7 +180,9 @@ def _sampled_verify_kernel(
     s_qb, s_qd, s_ob, s_od,
     MODE: tl.constexpr, REMOVE: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, LOG2_BN: tl.constexpr,
     BV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     nodes, ok, tok, par, anc, depth, rank, in_bounds = tree_structure_tl(
         tok_ptr, par_ptr, valid_ptr, b, N, MAX_DEPTH, MAX_WIDTH, s_tb, s_tn, s_pb, s_pn, s_vb, s_vn, BN, LOG2_BN)
@@ -267,5 +272,6 @@ def sampled_verify_triton(tokens, parents, valid, logits, temperature, top_k, to
         q.stride(0), q.stride(1), *uniforms.stride(), *bonus_uniforms.stride(), *path.stride(), *out.stride(),
         MODE=MODE_CODES[mode], REMOVE=bool(remove), **tree_blocks(n, max_depth), BV=bv,
         num_warps=8 if bv >= 2048 else 4,
+        **pdl.launch_args(),
     )
     return path, path_len, bonus, out

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
 from stree.kernels.tree_attention import tree_attention_mask
 
 
@@ -64,10 +66,12 @@ def _tree_attn_split_kernel(
     s_ab, s_ai, s_aj,
     s_ob, s_on, s_oh, s_od,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, HALF: tl.constexpr, DIRECT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Rows are (node, query head) pairs of one KV head (GQA packing); program ``split`` takes one
     slice of the visible keys (slices of at least ``min_chunk`` keys, so short caches use few).
     With one split it writes the output, else partial (acc, max, sum) for the merge."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_bk = tl.program_id(1)
     split = tl.program_id(2)
@@ -120,8 +124,10 @@ def _tree_attn_combine_kernel(
     o_ptr, po_ptr, pml_ptr, N, Hkv, D, group, n_splits,
     s_ob, s_on, s_oh, s_od,
     SP: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge the splits' partial softmax sums of one (node, query head) row, all splits at once."""
+    pdl_enter(PDL)
     r = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // Hkv
@@ -202,11 +208,13 @@ def tree_attention_triton(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=N
         n, L, hkv, d, group, scale * 1.4426950408889634, num_splits, min_chunk if min_chunk is not None else MIN_CHUNK,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *anc.stride(), *out.stride(),
         BM=bm, BN=bn, BD=bd, HALF=half, DIRECT=direct, num_warps=nw,
+        **pdl.launch_args(),
     )
     if not direct:
         _tree_attn_combine_kernel[(rows, b * hkv)](
             out, po, pml, n, hkv, d, group, num_splits, *out.stride(),
             SP=max(2, triton.next_power_of_2(num_splits)), BD=bd, num_warps=4,
+            **pdl.launch_args(),
         )
     return out
 
@@ -229,7 +237,9 @@ def _kv_commit_kernel(
     k_ptr, v_ptr, seqlen_ptr, path_ptr, plen_ptr, W,
     s_kb, s_kl, s_vb, s_vl, s_pb, s_pm,
     BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(1)
     offs_w = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     w_ok = offs_w < W
@@ -265,4 +275,5 @@ def kv_commit_triton(k_cache, v_cache, seqlen, path, path_len):
         k_cache, v_cache, seqlen, path, path_len, width,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), *path.stride(),
         BLOCK_M=block_m, BLOCK_W=block_w, num_warps=4,
+        **pdl.launch_args(),
     )

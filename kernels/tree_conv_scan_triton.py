@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
 from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
@@ -37,7 +39,9 @@ def _tree_conv_scan_kernel(
     s_xbc, s_cs, s_w, s_par, s_dtr, s_h0, s_y, s_out, s_dt, s_pre,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, IS_CHAIN: tl.constexpr, HAS_PRE: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, LOG2_BN: tl.constexpr, HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = bh // H
@@ -164,5 +168,6 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         HAS_PRE=pre is not None,
         BN=bn, BP=bp, BS=max(16, triton.next_power_of_2(s)), LOG2_BN=bn.bit_length() - 1,
         HALF=half, num_warps=num_warps or (8 if half else 4),
+        **pdl.launch_args(),
     )
     return y, xbc, dt

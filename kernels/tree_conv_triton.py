@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 
 @triton.jit
 def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
@@ -64,7 +67,9 @@ def _tree_conv_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
     HAS_DT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_H: tl.constexpr, HAS_PRE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_c = tl.program_id(1)
     b = tl.program_id(2)
@@ -135,6 +140,7 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
         K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
         HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=min(64, triton.next_power_of_2(h)), HAS_PRE=pre is not None,
         num_warps=4,
+        **pdl.launch_args(),
     )
     return out
 

@@ -15,6 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels import pdl
+from stree.kernels.pdl import pdl_enter
+
 MAX_NODES = 1024
 """Largest padded tree the kernel accepts (= ``protocols.token_tree.MAX_TREE_NODES``); tuned for <= 256."""
 
@@ -103,9 +106,11 @@ def _tree_scan_small_kernel(
     N, H, P, S, heads_per_group, n_hblocks, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
     BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, HB: tl.constexpr, LOG2_BN: tl.constexpr,
     IS_CHAIN: tl.constexpr, HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Whole tree (N <= BN) in one tile; one program serves HB heads of a group and shares the
     ancestor mask and C.B^T between them."""
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid // n_hblocks
@@ -138,7 +143,9 @@ def _tree_scan_kernel(
     N, H, P, S, heads_per_group, s_x, s_dt, s_B, s_C, s_par, s_h0, s_y,
     BM: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr,
     IS_CHAIN: tl.constexpr, HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid_bh = tl.program_id(0)
     pid_p = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -279,6 +286,7 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
             *common, n, h, p, s, hpg, h // hb, *strides,
             BN=bn, BP=bp, BS=bs, HB=hb, LOG2_BN=bn.bit_length() - 1, IS_CHAIN=is_chain, HALF=half,
             num_warps=num_warps or 4,
+            **pdl.launch_args(),
         )
         return y
     bm = block_m or 64
@@ -287,5 +295,6 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
     _tree_scan_kernel[grid](
         *common, n, h, p, s, hpg, *strides,
         BM=bm, BN=bm, BP=bp, BS=bs, IS_CHAIN=is_chain, HALF=half, num_warps=num_warps or 4,
+        **pdl.launch_args(),
     )
     return y

@@ -35,11 +35,22 @@ def device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
     return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")), DTYPES[args.dtype]
 
 
+def kernel_settings() -> dict:
+    """The environment switches that change which kernels run, as this process resolves them (a record names
+    them, since its ``command`` does not show the environment)."""
+    from stree.kernels import backend, pdl
+    from stree.kernels.mamba_block_step import block_step_setting
+
+    return {"STREE_PDL": pdl.setting(), "STREE_BLOCK_STEP": block_step_setting(),
+            "STREE_KERNELS": backend.resolve("cuda") if torch.cuda.is_available() else backend.resolve("cpu")}
+
+
 def record_meta(benchmark: str, device: torch.device) -> dict:
-    """The fields every benchmark record starts with: its name, the date, the device's name, the command."""
+    """The fields every benchmark record starts with: its name, the date, the device's name, the command and the
+    kernel switches it ran with."""
     return {"benchmark": benchmark, "date": date.today().isoformat(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "command": "stree " + " ".join(sys.argv[1:])}
+            "command": "stree " + " ".join(sys.argv[1:]), "kernel_settings": kernel_settings()}
 
 
 def save_record(path: str, record: dict) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from stree.bench.common import kernel_settings
 from stree.kernels.compare import rel_err
 from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import ancestor_mask
@@ -814,7 +815,7 @@ def run(args) -> int:
         device=props.name, sm_count=props.multi_processor_count, torch=torch.__version__,
         triton=__import__("triton").__version__, mamba_ssm=mamba[0] is not None, dtype=args.dtype,
         command=" ".join(sys.argv), rows=[], causal_conv1d=package_version("causal_conv1d"),
-        kernels_per_layer=_kernels_per_layer(),
+        kernel_settings=kernel_settings(), kernels_per_layer=_kernels_per_layer(),
     )
     print(f"kernels per Mamba2 layer (launch count, tiny mixer on the GPU): {result['kernels_per_layer']}", file=sys.stderr)
     rows = result["rows"]
