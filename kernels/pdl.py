@@ -5,11 +5,12 @@ In a batch-1 decode step every kernel is short, so the gap between one kernel's 
 loads is a large share of the step. With PDL the next kernel's launch, program start-up and its weight loads
 (weights are never written by a step) overlap the previous kernel's tail.
 
-``STREE_PDL=on|off`` (default ``on``) switches it for the kernels that support it (every stree Triton kernel but
-the persistent block step, whose grid barriers need all its programs resident). Measured on the H100 (BENCHMARKS.md
-§0m): the trained pair's fp32 decode step 0.85x the time, the 130M step 0.92x, the 2.7B step 0.99x, same bits. A kernel that takes ``PDL`` calls ``pdl_enter`` in every program before its first load of
-anything a previous kernel may write and before any store, so the chain of waits orders every launch after all
-earlier ones, exactly as without PDL. The CPU interpreter has no PDL, so there it is always off.
+``STREE_PDL=on|off`` (default ``on``) switches it for the kernels that support it: every stree Triton kernel but
+the persistent block step, whose grid barriers need all its programs resident. Measured on the H100 (BENCHMARKS.md
+§0m): the trained pair's fp32 decode step takes 0.85x the time, the 130M step 0.92x, the 2.7B step 0.99x, with the
+same bits. A kernel that takes ``PDL`` calls ``pdl_enter`` in every program before its first load of anything a
+previous kernel may write and before any store, so the chain of waits orders every launch after all earlier ones,
+exactly as without PDL. The CPU interpreter has no PDL, so there it is always off.
 """
 
 from __future__ import annotations
