@@ -22,11 +22,19 @@ def use(name: str | None) -> None:
     _FORCED = name
 
 
+def env_choice(env: str, choices: tuple, default: str, forced: str | None = None) -> str:
+    """A kernel switch: ``forced`` (set from Python) if given, else environment variable ``env`` (``default`` when
+    unset); a value outside ``choices`` is refused. ``STREE_KERNELS``, ``STREE_PDL`` and ``STREE_BLOCK_STEP`` read
+    their settings through it."""
+    value = forced or os.environ.get(env, default)
+    if value not in choices:
+        raise ValueError(f"{env}={value!r} is not one of {', '.join(choices)}")
+    return value
+
+
 def resolve(device: torch.device | str) -> str:
     """``'triton'`` or ``'torch'`` for tensors on ``device``."""
-    name = _FORCED or os.environ.get("STREE_KERNELS", "auto")
-    if name not in CHOICES:
-        raise ValueError(f"STREE_KERNELS={name!r} is not one of {', '.join(CHOICES)}")
+    name = env_choice("STREE_KERNELS", CHOICES, "auto", _FORCED)
     if name == "auto":
         return "triton" if torch.device(device).type == "cuda" else "torch"
     return name

@@ -5,7 +5,6 @@ times that kernel against the three ops once per shape, as ``norm_linear`` does 
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -65,10 +64,7 @@ _CHOICE: dict = {}
 def block_step_setting() -> str:
     """``STREE_BLOCK_STEP``: ``split`` (the default), ``fused`` or ``auto`` (see ``block_step_choice``); anything
     else is refused."""
-    setting = os.environ.get("STREE_BLOCK_STEP", "split")
-    if setting not in ("auto", "split", "fused"):
-        raise ValueError(f"STREE_BLOCK_STEP={setting!r} is not one of auto, split, fused")
-    return setting
+    return backend.env_choice("STREE_BLOCK_STEP", ("auto", "split", "fused"), "split")
 
 
 def block_step_choice(x: torch.Tensor, p: MambaBlockParams, conv_state, ssm_state, split, fused):

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from stree.kernels.backend import env_choice
+
 ENV = "STREE_PDL"
 CHOICES = ("off", "on")
 _FORCED: str | None = None
@@ -37,10 +39,7 @@ def use(setting: str | None) -> None:
 
 def setting() -> str:
     """``'on'`` or ``'off'``: the forced setting, else ``STREE_PDL`` (a bad value is refused)."""
-    value = _FORCED or os.environ.get(ENV, "on")
-    if value not in CHOICES:
-        raise ValueError(f"{ENV}={value!r} is not one of {', '.join(CHOICES)}")
-    return value
+    return env_choice(ENV, CHOICES, "on", _FORCED)
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,13 +29,6 @@ def _random_tree(n, gen):
     return TokenTree.from_parents(torch.randint(0, 1000, (n,), generator=gen).tolist(), parents)
 
 
-def _path_to(tree, node):
-    path = [node]
-    while int(tree.parents[path[-1]]) >= 0:
-        path.append(int(tree.parents[path[-1]]))
-    return path[::-1]
-
-
 def _graphed_run(model, setting):
     """Graphed decode logits over 4 steps, then a graphed tree pass + commit, all under PDL ``setting``."""
     pdl.use(setting)
@@ -50,7 +43,7 @@ def _graphed_run(model, setting):
         steps.append(logits.clone())
     trees = [_random_tree(13, gen), _random_tree(9, gen)]
     batch = TreeBatch.from_trees(trees, pad_to=13).to("cuda")
-    paths = [_path_to(t, t.num_nodes - 1)[:3] for t in trees]  # root to the last node, at most 3 nodes
+    paths = [t.path(t.num_nodes - 1)[:3] for t in trees]  # root to the last node, at most 3 nodes
     plen = torch.tensor([len(p) for p in paths], device="cuda")
     path = torch.tensor([p + [0] * (3 - len(p)) for p in paths], device="cuda")
     anc = batch.ancestor_mask().to("cuda")  # made on the host: outside the capture
