@@ -43,6 +43,13 @@ def graphed_us(calls, reps: int = 30) -> float:
     graph, _ = capture_graph(lambda: [c() for c in calls], warmup=2)
     graph.replay()
     torch.cuda.synchronize()
+    times = replay_ms(graph, reps)
+    del graph
+    return statistics.median(times) * 1000.0 / len(calls)
+
+
+def replay_ms(graph, reps: int) -> list[float]:
+    """GPU milliseconds of each of ``reps`` replays of a captured ``graph`` (CUDA events, one sync per replay)."""
     times = []
     for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -51,5 +58,4 @@ def graphed_us(calls, reps: int = 30) -> float:
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    del graph
-    return statistics.median(times) * 1000.0 / len(calls)
+    return times

@@ -71,12 +71,15 @@ def pair_rows(args, device, dtype) -> list[dict]:
     rows = []
     methods = {"plain": (None, {}), "auto": ("mamba", {"draft_model": draft, "tree": "auto"}),
                "beam": ("mamba", {"draft_model": draft, "tree": args.beam_tree})}
+    # one drafter per method for every row, as one server keeps one: each batch size gets its own engine, which
+    # starts from the acceptance the previous engine over that drafter measured (Engine.inherit_acceptance)
+    drafters = {name: create_drafter(d, **opts) if d else None for name, (d, opts) in methods.items()}
     for temp in args.temperatures:
         for b in tqdm(args.batch_sizes, desc=f"pair T={temp}", file=sys.stderr):
             plain = None
-            for name, (d, opts) in methods.items():
+            for name in methods:
                 for hold in ([None] if name == "plain" else args.admit_hold_steps):
-                    drafter = create_drafter(d, **opts) if d else None
+                    drafter = drafters[name]
                     # at least --min-prompts prompts, b at a time (later ones join as slots free up)
                     res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp,
                                 repeats=args.repeats, admit_hold_steps=hold)

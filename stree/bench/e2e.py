@@ -91,6 +91,8 @@ def run_method(model, drafter, prompts, temperature: float, args) -> dict:
         totals["host_us_p50"] = max(totals["host_us_p50"], s.get("host_us_p50", 0.0))
         totals["fallbacks"] += s["drafter_fallbacks"]
         outputs.append(res.token_ids)
+        if "goodput" in s:  # auto: what goodput control believed after the last prompt, shape by shape
+            totals["goodput"] = s["goodput"]
     return {**totals, "outputs": outputs}
 
 
@@ -200,6 +202,8 @@ def run(args) -> int:
                    mean_accepted_length=res["tokens"] / res["steps"] if res["steps"] else None,
                    host_us_per_step_p50=res.get("host_us_p50"),
                    decode_s=res["decode_s"], drafter_fallbacks=res.get("fallbacks"))
+        if "goodput" in res:
+            row["goodput"] = res["goodput"]
         if t == 0 and (s, t) in plain_out and m != "mamba_ssm":
             row["output_equals_plain_greedy"] = outs == plain_out[(s, t)]
         rows.append(row)

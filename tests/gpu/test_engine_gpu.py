@@ -119,3 +119,22 @@ def test_graphed_prefill_equals_eager_prefill(models, arch):
                     torch.testing.assert_close(m, t, atol=1e-4, rtol=1e-4, msg=f"{arch} context {j} {name}")
     finally:
         backend.use(None)
+
+
+def test_warm_up_times_every_step_graph_for_goodput_control(models):
+    """With CUDA graphs, warm_up captures every step path and times each graph's replay: goodput control then
+    knows every shape's step cost (greedy and sampled) before its first step, runs plain decoding from the start
+    (nothing measured fits the exploration budget yet), and output still equals plain greedy."""
+    target, draft = models["hybrid"], models["draft"]
+    engine = Engine(target, DeviceTreeDrafter(draft), ["none", "chain:3", "beam:3x2"], max_batch=2, max_seqlen=256,
+                    goodput=True)
+    engine.warm_up()
+    for sampled in (False, True):
+        rows = [r for r in engine.goodput.table() if r["sampled"] == sampled]
+        assert len(rows) == 3 and all(r["known_cost"] and r["cost_ms"] > 0 and r["steps"] == 0 for r in rows)
+    assert {key[0] for key in engine.step_costs} >= {"none", "tree"}
+    prompts = _prompts(2, torch.Generator().manual_seed(11))
+    plain = [stree.generate(target, p, max_new_tokens=24, cuda_graphs=False).token_ids for p in prompts]
+    assert str(engine.goodput.choose()) == "none"
+    reqs = engine.run([Request(p, max_new_tokens=24) for p in prompts])
+    assert [r.output for r in reqs] == plain

@@ -462,3 +462,35 @@ def test_admission_hold_budget_weighs_idle_steps_against_one_admission():
     assert steps_to_finish(12, 30, 10) == 4.0 and steps_to_finish(5, 0, 0) == 5.0
     assert should_hold(3, 1, 0, 8, [9.0, 4.0]) and not should_hold(3, 1, 5, 8, [4.0])
     assert not should_hold(1, 1, 0, 8, [1.0]) and not should_hold(3, 1, 0, 8, [])
+
+
+def test_a_new_engine_over_the_same_drafter_starts_from_the_acceptance_it_measured(models):
+    """Acceptance is the drafter's and the traffic's, not the batch size's: an engine built for another batch size
+    over the same drafter is primed with the tau its predecessor measured, greedy and sampled apart, and output
+    stays exact."""
+    from stree.protocols.drafter import DEFAULT_BUDGET
+    from stree.protocols.tree_shape import TreeShape
+    from stree.verifier.decode.loop import engine_for
+
+    model, draft = models["mamba2"], models["draft"]
+    model.__dict__.pop("_stree_engines", None)
+    drafter = DeviceTreeDrafter(draft)
+    shapes = [TreeShape.parse(s) for s in ("none", "chain:2", "chain:3")]
+    first = engine_for(model, drafter, shapes, 2, 128, False, DEFAULT_BUDGET)
+    first.run([Request(p, max_new_tokens=24) for p in ([3, 5, 7], [1, 2])])
+    first.run([Request([4, 4], max_new_tokens=16, params=SamplingParams(temperature=1.0))])
+    first.goodput.mode(False).stats[shapes[2]].retry_every = 2048  # as if chain:3 had lost its retries
+    learned = first.goodput.learned()
+    assert {sampled for sampled, _ in learned} == {False, True}
+    second = engine_for(model, drafter, shapes, 3, 128, False, DEFAULT_BUDGET)
+    assert second is not first
+    for (sampled, shape), (tau, retry_every) in learned.items():
+        r = second.goodput.mode(sampled).stats[shape]
+        assert r.primed and r.tau == tau and r.retry_every == retry_every and r.seen == 0
+    assert second.goodput.mode(False).stats[shapes[2]].retry_every == 2048  # it is retried as rarely
+    assert second.goodput.mode(False).stats[shapes[0]].tau == 1.0  # plain decoding: exact, never primed
+    other = engine_for(model, DeviceTreeDrafter(draft), shapes, 3, 128, False, DEFAULT_BUDGET)
+    assert not any(r.primed for r in other.goodput.mode(False).stats.values())  # another drafter starts afresh
+    second = engine_for(model, drafter, shapes, 3, 128, False, DEFAULT_BUDGET)  # the drafter's engine again
+    reqs = second.run([Request(p, max_new_tokens=12) for p in ([3, 5, 7], [9], [2, 2, 2])])
+    assert [r.output for r in reqs] == [_reference(model, p, 12) for p in ([3, 5, 7], [9], [2, 2, 2])]

@@ -157,3 +157,97 @@ def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
     ctl.observe(plain, 1.0, 1.0, refresh_s=2.0)  # a refresh seen (its 1/32 share charged to that step)
     assert chooser.refresh_s == pytest.approx(2.0)
     assert not chooser._due(chain, plain)  # loss 1 + 2 s against 12 s: 25 % > 10 %
+
+
+def _primed(shapes, costs: dict, budget=0.02, **kw) -> GoodputController:
+    ctl = GoodputController(shapes, explore_budget=budget, **kw)
+    for s in shapes:
+        ctl.prime(s, False, cost=costs[str(s)])
+    return ctl
+
+
+def test_with_known_costs_a_shape_that_cannot_win_is_never_looked_at():
+    """Costs timed at capture: a draft whose step costs more than (depth + 1) plain steps loses even if every
+    drafted token were accepted, so it is never explored; plain decoding (tau exactly 1) runs from the start."""
+    plain, chain, beam = (TreeShape.parse(x) for x in ("none", "chain:2", "beam:4x3"))
+    cost = {"none": 1.0, "chain:2": 3.5, "beam:4x3": 5.5}  # both lose even at tau = depth + 1 (3 and 5)
+    ctl = _primed([plain, chain, beam], cost)
+    assert ctl.mode().measured(plain) and not ctl.mode().measured(chain)
+    chosen = _run(ctl, 5000, cost, {"none": 1.0, "chain:2": 3.0, "beam:4x3": 5.0})
+    assert set(chosen) == {"none"}
+
+
+def test_first_looks_wait_for_the_budget_to_cover_their_loss_if_nothing_were_accepted():
+    """A draft that could win is looked at only once the worst case (tau 1 for min_samples steps) fits the budget
+    with every earlier first look: never at the start of a run, and the shapes' first looks come one by one."""
+    plain, chain2, chain4 = (TreeShape.parse(x) for x in ("none", "chain:2", "chain:4"))
+    cost = {"none": 1.0, "chain:2": 2.0, "chain:4": 3.0}
+    tau = {"none": 1.0, "chain:2": 2.8, "chain:4": 4.5}  # tokens per second: 1, 1.4, 1.5
+    ctl = _primed([plain, chain2, chain4], cost, budget=0.02, min_samples=4, retry_every=10**6)
+    chosen = _run(ctl, 1000, cost, tau)
+    first2, first4 = chosen.index("chain:2"), chosen.index("chain:4")
+    # worst-case loss against the best rate then: 4 x (2 - 1) = 4 s against plain needs 200 s of clock; chain:2's
+    # look lost nothing (it beat plain), so chain:4's 4 x (3 - 2 / 2.8) = 9.14 s against chain:2 needs 457.1 s
+    assert first2 == 200 and chosen[first2: first2 + 4] == ["chain:2"] * 4
+    clock_at_4 = sum(cost[c] for c in chosen[:first4])
+    assert 457.1 <= clock_at_4 < 459.2 and chosen[first4: first4 + 4] == ["chain:4"] * 4
+    assert chosen[-100:] == ["chain:4"] * 100  # then the best measured shape holds
+    assert ctl.mode().explore_spent <= 0.02 * ctl.mode().clock
+
+
+def test_a_primed_tau_and_a_known_cost_choose_the_best_shape_without_exploring():
+    """A new engine over the same drafter starts from its acceptance: with costs timed at capture, the first
+    step already runs the best shape, and the others' first looks still wait for the budget."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = _primed([plain, chain], {"none": 1.0, "chain:3": 2.0}, min_samples=4)
+    ctl.prime(chain, False, tau=3.0)
+    assert ctl.mode().measured(chain) and ctl.choose() == chain
+    ctl.prime(chain, True, tau=1.2)  # the sampled mode has its own numbers
+    assert ctl.choose(True) == plain
+    assert ctl.learned() == {(False, chain): (3.0, 256), (True, chain): (1.2, 256)}
+
+
+def test_a_prime_never_overrides_a_shape_s_own_steps():
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], min_samples=1, explore_budget=0.02)
+    ctl.observe(chain, 2.0, 1.5)
+    ctl.prime(chain, False, tau=4.0, cost=0.1)
+    r = ctl.stats[chain]
+    assert (r.tau, r.cost, r.primed, r.known_cost) == (2.0, 1.5, False, False)
+    ctl.prime(plain, False, tau=3.0, cost=1.0)  # plain's tau is exactly 1
+    assert ctl.stats[plain].tau == 1.0 and ctl.stats[plain].known_cost
+
+
+def test_one_explore_budget_bounds_the_retries_of_every_shape_together():
+    """Three drafts, each 2 s per step slower than plain decoding: their retries together lose at most about the
+    budget's fraction of the run (budgets per shape would add up to three times that)."""
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:3", "chain:4")]
+    cost = {"none": 1.0, "chain:2": 4.0, "chain:3": 4.0, "chain:4": 4.0}
+    tau = {"none": 1.0, "chain:2": 2.0, "chain:3": 2.0, "chain:4": 2.0}
+    ctl = GoodputController(shapes, retry_every=8, max_retry_every=64, min_samples=2, explore_budget=0.02)
+    chosen = _run(ctl, 8000, cost, tau)
+    lost = 2.0 * sum(1 for c in chosen[40:] if c != "none")
+    assert lost / ctl.mode().clock <= 0.022
+    assert ctl.mode().explore_spent <= 0.02 * ctl.mode().clock + 2 * 2.0  # at most one retry's overshoot
+
+
+def test_before_a_refresh_is_measured_a_retry_from_plain_counts_the_guessed_one():
+    """Until a drafter refresh has been measured, a retry from plain decoding counts the engine's guess (what an
+    admission costs): the first retry must not be the one that finds out, at the run's expense, what a refresh of
+    every running slot costs. A measured refresh replaces the guess."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    ctl = GoodputController([plain, chain], retry_every=1, min_samples=2, explore_budget=0.1)
+    cost, tau = {"none": 1.0, "chain:3": 3.0}, {"none": 1.0, "chain:3": 2.5}  # chain loses 0.5 s per step
+    chooser = ctl.mode()
+    while chooser.current != plain:
+        s = ctl.choose()
+        ctl.observe(s, tau[str(s)], cost[str(s)])
+    while chooser.clock - chooser.stats[chain].last_clock < 11.0:  # plain steps, outside choose: no retry runs
+        chooser.step += 1
+        ctl.observe(plain, 1.0, 1.0)
+    assert chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s against 11 s since: within 10 %
+    ctl.guess_refresh(3.0)
+    assert chooser.refresh_cost == 3.0 and not chooser._due(chain, plain)  # 1 + 3 s: over 10 %
+    assert ctl.mode(True).refresh_guess == 3.0  # a mode made later starts from the guess too
+    ctl.observe(plain, 1.0, 1.0, refresh_s=0.2)
+    assert chooser.refresh_cost == pytest.approx(0.2) and chooser._due(chain, plain)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.profiler import record_function
 
-from stree.kernels.cuda_graph import capture_graph
+from stree.kernels.cuda_graph import capture_graph, replay_ms
 from stree.protocols.device_drafter import DeviceDrafter
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, DrafterSession
 from stree.protocols.sampling import RowSampling, SamplingParams
@@ -189,6 +190,8 @@ class Engine:
         self.cuda = self.device.type == "cuda"
         self.cuda_graphs = self.cuda if cuda_graphs is None else (bool(cuda_graphs) and self.cuda)
         self.overlap = overlap and self.cuda
+        self.step_costs: dict = {}  # step graph key -> seconds per replay, timed at capture (goodput priors)
+        self.tau_prior: dict = {}  # (sampled, shape) -> (tau, retry_every) learned earlier (another engine, before warm_up)
         self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
         # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
         self.defer_drafter = self.lazy and self.goodput is not None
@@ -211,7 +214,33 @@ class Engine:
         self._forced_at = 0
 
     def _goodput(self) -> GoodputController:
-        return GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
+        """A fresh controller, started from the step costs timed so far and the acceptance known from before."""
+        ctl = GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
+        for (sampled, shape), (tau, retry_every) in self.tau_prior.items():
+            ctl.prime(shape, sampled, tau=tau, retry_every=retry_every)
+        if self.admission_costs.admit_s is not None:
+            ctl.guess_refresh(self.admission_costs.admit_s)
+        for key, seconds in self.step_costs.items():
+            self._prime_cost(ctl, key, seconds)
+        return ctl
+
+    @staticmethod
+    def _prime_cost(ctl: GoodputController, key, seconds: float) -> None:
+        """Tell ``ctl`` what the step graph ``key`` costs per replay (plain and device-drafted steps only)."""
+        if key[0] == "none":
+            ctl.prime(PLAIN, key[1], cost=seconds)
+        elif key[0] == "tree":
+            ctl.prime(key[1], key[2], cost=seconds)
+
+    def inherit_acceptance(self, other: "Engine") -> None:
+        """Start goodput control from the acceptance ``other`` (an engine over the same drafter) measured:
+        it belongs to the drafter and the traffic, not to the batch size, so a new engine need not relearn it."""
+        if self.goodput is None or other.goodput is None:
+            return
+        self.tau_prior.update(other.tau_prior)
+        self.tau_prior.update(other.goodput.learned())
+        for (sampled, shape), (tau, retry_every) in self.tau_prior.items():
+            self.goodput.prime(shape, sampled, tau=tau, retry_every=retry_every)
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -369,6 +398,8 @@ class Engine:
         elapsed = time.perf_counter() - t0
         self.metrics["admit_s"] += elapsed
         self.admission_costs.observe_admit(elapsed)
+        if self.goodput is not None:  # until a refresh is measured, take one to cost what an admission does
+            self.goodput.guess_refresh(self.admission_costs.admit_s)
         for j, i, req in zip(picked, slots, admitted):
             if self.observes:
                 self.drafter.observe_target(hidden[j], slot=i)
@@ -469,13 +500,15 @@ class Engine:
         graph = self.graphs.get(key)
         if graph is None:
             try:
-                graph = self._capture(fn)
+                graph = self._capture(fn, key)
             except Exception as exc:  # noqa: BLE001 - a capture failure costs speed, never output
                 log.warning("step graph capture failed (%r); running eagerly from now on", exc, exc_info=True)
                 self.graphs_failed = True
                 fn()
                 return
             self.graphs[key] = graph
+            if self.goodput is not None:
+                self._prime_cost(self.goodput, key, self.step_costs[key])
         graph.replay()
 
     def _catch_up(self) -> None:
@@ -492,12 +525,15 @@ class Engine:
             return lambda: self._host_step(key[1], key[2], key[3], key[4])
         return lambda: self._device_step(key[1], key[2])
 
-    def _capture(self, fn):
-        """Capture ``fn`` as a graph, then restore every state its warm-up runs advanced."""
+    def _capture(self, fn, key=None):
+        """Capture ``fn`` as a graph and time a few replays of it (``step_costs``, goodput control's step cost
+        before the shape's first step), then restore every state the warm-up runs and replays advanced."""
         saved = [t.clone() for t in self._mutable()]
         rng = torch.cuda.get_rng_state(self.device)  # the warm-up runs draw samples: a seeded run must not see them
         try:
             graph, _ = capture_graph(fn, warmup=2)
+            if key is not None:
+                self.step_costs[key] = statistics.median(replay_ms(graph, 3)) / 1e3
         finally:  # also when the capture fails: the eager fallback must start from the same state
             for t, s in zip(self._mutable(), saved):
                 t.copy_(s)
@@ -805,12 +841,15 @@ class Engine:
         waits on a capture; returns the graphs held.
 
         Does nothing without CUDA graphs, or for host drafters (their trees come with each request).
-        Goodput statistics and step metrics start afresh afterwards.
+        Goodput statistics start afresh afterwards (from the step costs timed at capture and the acceptance
+        measured before the throw-away runs), and so do the step metrics.
         """
         if self.cuda:
             self.warm_up_prefill()
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
+        if self.goodput is not None:  # what the engine measured before (real traffic) outlives the throw-away runs
+            self.tau_prior.update(self.goodput.learned())
         trees = [s for s in self.shapes if s.kind != "none"]
         # per tree shape: plain (drafter stale or deferred), draft, plain feeding the drafter, catch-up + draft
         patterns = [[PLAIN, s, PLAIN, s] for s in trees] if trees else [[PLAIN]]

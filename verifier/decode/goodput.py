@@ -27,6 +27,20 @@ per graph replay on the GPU, wall time on the CPU. Greedy steps and steps with a
 separate statistics: acceptance differs by far between them (measured on the H100, chain:4 on the
 demo pair: 1.10x plain greedy, 0.66x at T=1), and a controller that carried a greedy run's numbers
 into a sampled one (or back) paid for relearning each time the traffic changed.
+
+The budget is one for all shapes: every step off the current shape (a first look or a retry) is charged
+what it lost against the current shape (its seconds and refresh, less its tokens at the current rate),
+and a retry or first look starts only while that total plus its own expected loss stays within the
+budget's fraction of the clock (per-shape budgets added up: three drafted shapes lost ~6 % of a run).
+
+Priors (``prime``): the engine times each step graph when it captures it, so with CUDA graphs every
+shape's step cost is known before its first step, and a new engine over the same drafter starts from
+the acceptance (tau) the previous one measured, since acceptance is the drafter's and the traffic's,
+not the batch size's. Plain decoding's tau is exactly 1. With an ``explore_budget`` and known costs a
+shape is first looked at only when it could win at all (``(depth + 1) / cost`` above the best rate)
+and when its loss if nothing were accepted fits the budget: measured on the H100 (batch 4-64),
+exploring every shape at once cost auto 5-20 % of short runs in which no draft could beat plain
+decoding. Without known costs every shape is measured first, as before.
 """
 
 from __future__ import annotations
@@ -46,6 +60,8 @@ class _Running:
     retrying: bool = False
     retry_seen: int = 0  # samples of the retry under way
     last_clock: float = 0.0  # the controller's clock (measured seconds) at its last sample
+    known_cost: bool = False  # ``cost`` came from a timed replay before this shape's first step
+    primed: bool = False  # ``tau`` came from an earlier engine's measurement
 
 
 class ShapeChooser:
@@ -70,7 +86,9 @@ class ShapeChooser:
             raise ValueError(f"explore_budget must be in (0, 1], got {explore_budget}")
         self.explore_budget = explore_budget
         self.clock = 0.0  # measured seconds of every step observed so far
+        self.explore_spent = 0.0  # measured seconds lost by steps off the current shape (first looks, retries)
         self.refresh_s = 0.0  # running mean of the drafter refreshes observed (a retry from plain pays one whole)
+        self.refresh_guess = 0.0  # what a refresh is taken to cost before one was measured (the engine sets it)
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
@@ -80,29 +98,92 @@ class ShapeChooser:
         r = self.stats[shape]
         return r.tau / r.cost if r.cost > 0 else 0.0
 
+    def prime(self, shape: TreeShape, tau: float | None = None, cost: float | None = None,
+              retry_every: int | None = None) -> None:
+        """Start ``shape`` from a known step ``cost`` (seconds, a timed replay) and/or ``tau`` and ``retry_every``
+        (another engine's measurement and back-off); ignored once the shape has steps of its own, and tau for plain
+        decoding (exactly 1)."""
+        if shape not in self.stats:
+            return
+        r = self.stats[shape]
+        if r.seen:
+            return
+        if cost is not None and cost > 0 and not r.known_cost:
+            r.cost, r.known_cost = float(cost), True
+        if tau is not None and shape.kind != "none":
+            r.tau, r.primed = float(tau), True
+        if retry_every is not None:
+            r.retry_every = min(max(int(retry_every), self.retry_every), self.max_retry_every)
+
+    @property
+    def refresh_cost(self) -> float:
+        """The drafter refresh a step leaving plain decoding pays: the measured mean, else ``refresh_guess``."""
+        return self.refresh_s or self.refresh_guess
+
+    def measured(self, shape: TreeShape) -> bool:
+        """Whether ``shape``'s rate rests on numbers: its own ``min_samples`` steps, or a known cost with a
+        primed tau (plain decoding's tau is exact)."""
+        r = self.stats[shape]
+        return r.seen >= self.min_samples or (r.known_cost and (r.primed or shape.kind == "none"))
+
     def best(self) -> TreeShape:
-        return max(self.shapes, key=self.rate)
+        known = [s for s in self.shapes if self.measured(s)]
+        return max(known or self.shapes, key=self.rate)
 
     def choose(self) -> TreeShape:
         self.step += 1
-        for s in self.shapes:  # measure every shape before trusting the numbers
-            if self.stats[s].seen < self.min_samples:
-                return s
+        if self.burst:
+            return self._pop_burst()
+        if self.explore_budget is not None and any(self.stats[s].known_cost for s in self.shapes):
+            first = self._first_look()
+            if first is not None:
+                return first
+        else:
+            for s in self.shapes:  # measure every shape before trusting the numbers
+                if self.stats[s].seen < self.min_samples:
+                    return s
         best = self.best()
-        if not self.burst and any(self._due(s, best) for s in self.shapes):
-            half = [s for s in self.shapes if s != self.current and self._due(s, best, 0.5)]
+        known = [s for s in self.shapes if self.measured(s)]
+        if any(self._due(s, best) for s in known):
+            half = [s for s in known if s != self.current and self._due(s, best, 0.5)]
             self.burst = [s for s in sorted(half, key=lambda s: self.stats[s].last_step)
                           for _ in range(self.min_samples)]
         if self.burst:
-            shape = self.burst.pop(0)
-            r = self.stats[shape]
-            if not r.retrying:
-                r.retrying, r.retry_seen = True, 0
-            return shape
+            return self._pop_burst()
         if self.current is not None and self.rate(best) < (1 + self.hysteresis) * self.rate(self.current):
             return self.current
         self.current = best
         return best
+
+    def _pop_burst(self) -> TreeShape:
+        shape = self.burst.pop(0)
+        r = self.stats[shape]
+        if not r.retrying and self.measured(shape):  # a first look's steps are plain samples, not a retry
+            r.retrying, r.retry_seen = True, 0
+        return shape
+
+    def _first_look(self) -> TreeShape | None:
+        """With known costs and a budget: the shape to measure now, if any (see the module docstring).
+
+        Plain decoding and shapes without a known cost are measured first, as without a budget. A first look
+        runs ``min_samples`` steps (a burst) and is charged its loss if no drafted token were accepted."""
+        for s in self.shapes:
+            r = self.stats[s]
+            if r.seen < self.min_samples and not self.measured(s) and (s.kind == "none" or not r.known_cost):
+                return s
+        best = self.best()
+        rate = self.rate(best)
+        for s in self.shapes:
+            r = self.stats[s]
+            if self.measured(s) or r.seen or (s.max_depth + 1) / r.cost <= rate:
+                continue  # measured, under way, or it could not win with every drafted token accepted
+            loss = self.min_samples * max(0.0, r.cost - (1.0 / rate if rate > 0 else 0.0))
+            if self.current is not None and self.current.kind == "none" and s.kind != "none":
+                loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
+            if self.explore_spent + loss <= self.explore_budget * self.clock:
+                self.burst = [s] * (self.min_samples - 1)
+                return s
+        return None
 
     def _due(self, shape: TreeShape, best: TreeShape, frac: float = 1.0) -> bool:
         """Whether ``shape`` is ``frac`` of the way to its retry: its retry interval in steps has passed and,
@@ -116,12 +197,16 @@ class ShapeChooser:
         rate = self.rate(best)
         loss = self.min_samples * max(0.0, r.cost - (r.tau / rate if rate > 0 else 0.0))
         if shape.kind != "none" and self.current is not None and self.current.kind == "none":
-            loss += self.refresh_s  # leaving plain decoding for a retry refreshes the stale drafter first
-        return self.clock - r.last_clock >= frac * loss / self.explore_budget
+            loss += self.refresh_cost  # leaving plain decoding for a retry refreshes the stale drafter first
+        return (self.clock - r.last_clock >= frac * loss / self.explore_budget
+                and self.explore_spent + frac * loss <= self.explore_budget * self.clock)
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
         refresh of ``refresh_s`` (charged in part, see the module docstring)."""
+        if self.current is not None and shape != self.current:  # exploring: what it lost against the current shape
+            rate = self.rate(self.current)
+            self.explore_spent += max(0.0, seconds + refresh_s - (tau / rate if rate > 0 else 0.0))
         if refresh_s > 0:
             self.refresh_s = refresh_s if self.refresh_s == 0 else self.refresh_s + self.alpha * (refresh_s - self.refresh_s)
         seconds += refresh_s / self.refresh_steps
@@ -147,8 +232,15 @@ class ShapeChooser:
     def table(self) -> list[dict]:
         """What the controller believes now, shape by shape."""
         return [{"shape": str(s), "tau": r.tau, "cost_ms": 1e3 * r.cost, "tokens_per_s": self.rate(s), "steps": r.seen,
-                 "retry_every": r.retry_every}
+                 "retry_every": r.retry_every, "measured": self.measured(s), "known_cost": r.known_cost,
+                 "primed": r.primed}
                 for s, r in self.stats.items()]
+
+    def learned(self) -> dict:
+        """``{shape: (tau, retry_every)}`` of every drafted shape with numbers behind it (its own steps or a prime),
+        for a new engine: a draft that kept losing its retries is retried as rarely there."""
+        return {s: (r.tau, r.retry_every) for s, r in self.stats.items()
+                if s.kind != "none" and (r.seen >= self.min_samples or r.primed)}
 
 
 class GoodputController:
@@ -158,11 +250,13 @@ class GoodputController:
     def __init__(self, shapes: list[TreeShape], **knobs):
         self.shapes = list(shapes)
         self._knobs = knobs
+        self._refresh_guess = 0.0  # guess_refresh's value, for modes made later
         self.modes = {False: ShapeChooser(self.shapes, **knobs)}
 
     def mode(self, sampled: bool = False) -> ShapeChooser:
         if sampled not in self.modes:
             self.modes[sampled] = ShapeChooser(self.shapes, **self._knobs)
+            self.modes[sampled].refresh_guess = self._refresh_guess
         return self.modes[sampled]
 
     @property
@@ -177,6 +271,21 @@ class GoodputController:
 
     def choose(self, sampled: bool = False) -> TreeShape:
         return self.mode(sampled).choose()
+
+    def prime(self, shape: TreeShape, sampled: bool, tau: float | None = None, cost: float | None = None,
+              retry_every: int | None = None) -> None:
+        """``ShapeChooser.prime`` in the ``sampled`` mode's statistics."""
+        self.mode(sampled).prime(shape, tau=tau, cost=cost, retry_every=retry_every)
+
+    def learned(self) -> dict:
+        """``{(sampled, shape): (tau, retry_every)}`` over every mode that has run (``ShapeChooser.learned``)."""
+        return {(sampled, s): v for sampled, chooser in self.modes.items() for s, v in chooser.learned().items()}
+
+    def guess_refresh(self, seconds: float) -> None:
+        """Take a drafter refresh to cost ``seconds`` in every mode (and modes made later) until one is measured."""
+        self._refresh_guess = float(seconds)
+        for chooser in self.modes.values():
+            chooser.refresh_guess = self._refresh_guess
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0,
                 sampled: bool = False) -> None:

@@ -338,6 +338,8 @@ def engine_for(model, drafter, shapes, max_batch: int, max_seqlen: int, cuda_gra
         cache.pop(next(iter(cache)))
     engine = Engine(model, drafter, shapes, max_batch=max_batch, max_seqlen=room, cuda_graphs=cuda_graphs,
                     goodput=len(shapes) > 1, budget=budget)
+    if cached is not None:  # same drafter: its measured acceptance carries over (Engine.inherit_acceptance)
+        engine.inherit_acceptance(cached[1])
     if engine.cuda:  # compile the prefill kernels and capture every prefill bucket now, not during some request
         engine.warm_up_prefill()
     cache[owner] = (config, engine, room)
@@ -365,8 +367,8 @@ def _as_prompts(prompt_ids) -> tuple[list[list[int]], bool]:
             return [prompt_ids.reshape(-1).tolist()], True
         return [row.tolist() for row in prompt_ids], False
     items = list(prompt_ids)
-    if items and all(isinstance(x, (list, tuple, torch.Tensor)) for x in items):
-        return [torch.as_tensor(x).reshape(-1).tolist() for x in items], False
+    if items and all(isinstance(x, (list, tuple, torch.Tensor)) for x in items):  # no tensor round trip for lists
+        return [x.reshape(-1).tolist() if isinstance(x, torch.Tensor) else [int(v) for v in x] for x in items], False
     return [[int(x) for x in items]], True
 
 

@@ -13,12 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from stree.verifier.model.lm import LMState
 
 
 MIN_BUCKET = 16
+
+
+def pack_ids(contexts: Sequence, rows: int, width: int) -> torch.Tensor:
+    """``contexts`` (lists of token ids) left-aligned in a zero ``[rows, width]`` int64 CPU tensor, filled through
+    numpy: a ``torch.as_tensor`` per list took ~0.2 ms per 256-token prompt on the GPU host (29 ms at batch 64)."""
+    arr = np.zeros((rows, width), dtype=np.int64)
+    for k, c in enumerate(contexts):
+        arr[k, : len(c)] = c
+    return torch.from_numpy(arr)
 
 
 def next_power_of_two(n: int) -> int:
@@ -62,10 +72,7 @@ def prefill_contexts(model, contexts: Sequence[Sequence[int]], chunk: int = 512,
     hidden = torch.zeros(n, model.config.d_model, device=model.device, dtype=model.dtype)
     if longest == 0:
         return Prefilled(state, hidden, order)
-    ids = torch.zeros(n, longest + chunk, dtype=torch.long)  # room for the last pass's bucket padding
-    for k, j in enumerate(order):
-        ids[k, : lengths[k]] = torch.as_tensor(contexts[j], dtype=torch.long)
-    ids = ids.to(model.device)
+    ids = pack_ids([contexts[j] for j in order], n, longest + chunk).to(model.device)  # room for the bucket padding
     lens = torch.tensor(lengths, dtype=torch.long, device=model.device)
     for start in range(0, longest, chunk):
         if keep_going is not None and not keep_going():

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from stree.kernels.cuda_graph import capture_graph
-from stree.verifier.model.batch_prefill import bucket_width, next_power_of_two, prefill_buckets
+from stree.verifier.model.batch_prefill import bucket_width, next_power_of_two, pack_ids, prefill_buckets
 from stree.verifier.model.lm import LMState
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,7 @@ class PrefillRunner:
             deliver([index[k] for k in empty], empty[0], zeros)
         if lengths[0] == 0:
             return True
-        ids = torch.zeros(self.rows_bucket(n), lengths[0] + self.chunk, dtype=torch.long)
-        for k, c in enumerate(contexts):
-            ids[k, : lengths[k]] = torch.as_tensor(c, dtype=torch.long)
-        ids = ids.to(self.model.device, non_blocking=True)
+        ids = pack_ids(contexts, self.rows_bucket(n), lengths[0] + self.chunk).to(self.model.device, non_blocking=True)
         for start in range(0, lengths[0], self.chunk):
             if keep_going is not None and not keep_going():
                 return False
