@@ -216,8 +216,7 @@ class Engine:
     def _goodput(self) -> GoodputController:
         """A fresh controller, started from the step costs timed so far and the acceptance known from before."""
         ctl = GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
-        for (sampled, shape), (tau, retry_every) in self.tau_prior.items():
-            ctl.prime(shape, sampled, tau=tau, retry_every=retry_every)
+        self._prime_learned(ctl)
         if self.admission_costs.admit_s is not None:
             ctl.guess_refresh(self.admission_costs.admit_s)
         for key, seconds in self.step_costs.items():
@@ -239,8 +238,12 @@ class Engine:
             return
         self.tau_prior.update(other.tau_prior)
         self.tau_prior.update(other.goodput.learned())
+        self._prime_learned(self.goodput)
+
+    def _prime_learned(self, ctl: GoodputController) -> None:
+        """Prime ``ctl`` with the tau and retry back-off learned before (``tau_prior``)."""
         for (sampled, shape), (tau, retry_every) in self.tau_prior.items():
-            self.goodput.prime(shape, sampled, tau=tau, retry_every=retry_every)
+            ctl.prime(shape, sampled, tau=tau, retry_every=retry_every)
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.

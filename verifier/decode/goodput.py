@@ -126,9 +126,12 @@ class ShapeChooser:
         r = self.stats[shape]
         return r.seen >= self.min_samples or (r.known_cost and (r.primed or shape.kind == "none"))
 
-    def best(self) -> TreeShape:
-        known = [s for s in self.shapes if self.measured(s)]
-        return max(known or self.shapes, key=self.rate)
+    def _known(self) -> list[TreeShape]:
+        return [s for s in self.shapes if self.measured(s)]
+
+    def best(self, known: list[TreeShape] | None = None) -> TreeShape:
+        """The measured shape (``known``, if given, else every measured one) with the best rate."""
+        return max((self._known() if known is None else known) or self.shapes, key=self.rate)
 
     def choose(self) -> TreeShape:
         self.step += 1
@@ -142,8 +145,8 @@ class ShapeChooser:
             for s in self.shapes:  # measure every shape before trusting the numbers
                 if self.stats[s].seen < self.min_samples:
                     return s
-        best = self.best()
-        known = [s for s in self.shapes if self.measured(s)]
+        known = self._known()
+        best = self.best(known)
         if any(self._due(s, best) for s in known):
             half = [s for s in known if s != self.current and self._due(s, best, 0.5)]
             self.burst = [s for s in sorted(half, key=lambda s: self.stats[s].last_step)
@@ -166,20 +169,18 @@ class ShapeChooser:
         """With known costs and a budget: the shape to measure now, if any (see the module docstring).
 
         Plain decoding and shapes without a known cost are measured first, as without a budget. A first look
-        runs ``min_samples`` steps (a burst) and is charged its loss if no drafted token were accepted."""
+        runs ``min_samples`` steps (a burst) and starts only if its loss, were no drafted token accepted, fits the
+        budget; ``observe`` then charges what its steps actually lost."""
         for s in self.shapes:
             r = self.stats[s]
             if r.seen < self.min_samples and not self.measured(s) and (s.kind == "none" or not r.known_cost):
                 return s
-        best = self.best()
-        rate = self.rate(best)
+        rate = self.rate(self.best())
         for s in self.shapes:
             r = self.stats[s]
             if self.measured(s) or r.seen or (s.max_depth + 1) / r.cost <= rate:
                 continue  # measured, under way, or it could not win with every drafted token accepted
-            loss = self.min_samples * max(0.0, r.cost - (1.0 / rate if rate > 0 else 0.0))
-            if self.current is not None and self.current.kind == "none" and s.kind != "none":
-                loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
+            loss = self._expected_loss(s, 1.0, rate)  # as if no drafted token were accepted
             if self.explore_spent + loss <= self.explore_budget * self.clock:
                 self.burst = [s] * (self.min_samples - 1)
                 return s
@@ -194,12 +195,17 @@ class ShapeChooser:
             return False
         if self.explore_budget is None:
             return True
-        rate = self.rate(best)
-        loss = self.min_samples * max(0.0, r.cost - (r.tau / rate if rate > 0 else 0.0))
-        if shape.kind != "none" and self.current is not None and self.current.kind == "none":
-            loss += self.refresh_cost  # leaving plain decoding for a retry refreshes the stale drafter first
+        loss = self._expected_loss(shape, r.tau, self.rate(best))
         return (self.clock - r.last_clock >= frac * loss / self.explore_budget
                 and self.explore_spent + frac * loss <= self.explore_budget * self.clock)
+
+    def _expected_loss(self, shape: TreeShape, tau: float, rate: float) -> float:
+        """Seconds ``min_samples`` steps of ``shape`` at ``tau`` lose against ``rate`` tokens per second, plus the
+        drafter refresh when they leave plain decoding (first looks and retries alike)."""
+        loss = self.min_samples * max(0.0, self.stats[shape].cost - (tau / rate if rate > 0 else 0.0))
+        if shape.kind != "none" and self.current is not None and self.current.kind == "none":
+            loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
+        return loss
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
