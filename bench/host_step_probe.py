@@ -2,7 +2,8 @@
 cost of one step-graph replay alone, then a cProfile of whole generations per tree shape. With ``sampled``: the GPU
 time per step instead, greedy against T=1 (what sampled verification adds to a plain and a chain:4 step; engine
 CUDA-event times, graphs captured first). GPU only.
-Usage (repo root, after bench/gpu_start.sh): python3 bench/host_step_probe.py OUT.txt [sampled]"""
+``SPEC ...`` (default none chain:4 static:3,1,1,1; ``auto`` allowed) picks the shapes profiled.
+Usage (repo root, after bench/gpu_start.sh): python3 bench/host_step_probe.py OUT.txt [sampled | SPEC ...]"""
 
 import cProfile
 import io
@@ -47,11 +48,13 @@ def sampled_table():
 if sys.argv[2:] == ["sampled"]:
     sampled_table()
     sys.exit(0)
-for spec in ("none", "chain:4", "static:3,1,1,1"):
+specs = sys.argv[2:] or ["none", "chain:4", "static:3,1,1,1"]
+for spec in specs:
     kw = {} if spec == "none" else {"drafter": "mamba", "draft_model": draft, "tree": spec}
     for _ in range(2):  # warm-up: captures every graph this shape needs
         res = generate(target, prompt, max_new_tokens=128, **kw)
-    engine = next(e for _, e, _ in target.__dict__["_stree_engines"].values() if spec in map(str, e.shapes))
+    engine = next(e for _, e, _ in target.__dict__["_stree_engines"].values()
+                  if (e.goodput is not None) == (spec == "auto") and (spec == "auto" or spec in map(str, e.shapes)))
     graphs = [(k, g) for k, g in engine.graphs.items() if k[0] in ("none", "tree")]
     for key, graph in graphs[:2]:
         torch.cuda.synchronize()

@@ -9,6 +9,7 @@ templates: ``level_sizes``, ``num_nodes`` and, for chain/static, ``static_parent
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 SHAPE_HELP = (
     "auto (the engine picks plain, chain or tree per step by measured goodput) | "
@@ -25,6 +26,17 @@ class TreeShape:
     depth: int = 0
     beams: int = 0
     nodes: int = 0
+
+    # Shapes key the engine's graphs and goodput statistics, looked up several times per step: the hash and the
+    # layout sizes are computed once per object (pickling rebuilds from the fields, so no cache crosses processes).
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.kind, self.widths, self.depth, self.beams, self.nodes))
+        return h
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.widths, self.depth, self.beams, self.nodes))
 
     @classmethod
     def parse(cls, spec: str) -> "TreeShape":
@@ -67,7 +79,7 @@ class TreeShape:
         return cls.parse("static:" + ",".join(str(int(w)) for w in widths))
 
     # ----- fixed-size layout (device templates) ----------------------------------------------
-    @property
+    @cached_property
     def level_sizes(self) -> tuple[int, ...]:
         """Nodes per depth, the root's level included: chain/static 1, W1, W1*W2, ...; beam 1, M, ..., M."""
         if self.kind == "none":
@@ -81,14 +93,14 @@ class TreeShape:
             return (1,) + (self.beams,) * self.depth
         raise ValueError(f"a {self.kind} tree has no fixed layout")
 
-    @property
+    @cached_property
     def num_nodes(self) -> int:
         """Nodes of the layout (the node budget for ``dynamic`` and padded ``host`` trees)."""
         if self.kind in ("dynamic", "host"):
             return self.nodes
         return sum(self.level_sizes)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return len(self.level_sizes) - 1
 

@@ -31,25 +31,45 @@ from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
-def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, repeats: int = 1,
-          **opts) -> dict:
-    """Tokens/s of ``prompts`` run ``batch`` at a time, after one warm-up run of the same call (so the measured
-    runs neither resize the cached engine, capture a graph nor compile a kernel: steady state); with
-    ``repeats`` > 1 the median run is reported, and every run's tokens/s beside it."""
-    kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch, **opts)
-    first = generate(model, prompts, **kw)
-    if warm_up_engines(model):  # goodput control: capture every step path its later choices may take
-        first = generate(model, prompts, **kw)
-    before = first[0].stats["engine_metrics"]
-    runs = []
-    for _ in range(max(1, repeats)):
+class TimedCall:
+    """One ``generate`` call timed run after run: made with one warm-up run of the same call (so the measured
+    runs neither resize the cached engine, capture a graph nor compile a kernel: steady state)."""
+
+    def __init__(self, model, prompts, drafter, batch: int, new_tokens: int, temperature: float, **opts):
+        self.model, self.prompts = model, prompts
+        self.kw = dict(drafter=drafter, max_new_tokens=new_tokens, temperature=temperature, seed=0, max_batch=batch,
+                       **opts)
+        first = generate(model, prompts, **self.kw)
+        if warm_up_engines(model):  # goodput control: capture every step path its later choices may take
+            first = generate(model, prompts, **self.kw)
+        self.before = first[0].stats["engine_metrics"]
+        self.runs: list = []  # (seconds, outputs, the run's engine metrics)
+
+    def run(self) -> None:
         cuda_sync()
         t0 = time.perf_counter()
-        outs = generate(model, prompts, **kw)
+        outs = generate(self.model, self.prompts, **self.kw)
         cuda_sync()
         after = outs[0].stats["engine_metrics"]
-        runs.append((time.perf_counter() - t0, outs, {k: v - before.get(k, 0) for k, v in after.items()}))
-        before = after
+        self.runs.append((time.perf_counter() - t0, outs, {k: v - self.before.get(k, 0) for k, v in after.items()}))
+        self.before = after
+
+    def result(self) -> dict:
+        """The median run (tokens/s, engine metrics, outputs), and every run's tokens/s beside it."""
+        return _summary(self.runs)
+
+
+def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, repeats: int = 1,
+          **opts) -> dict:
+    """Tokens/s of ``prompts`` run ``batch`` at a time (``TimedCall``); with ``repeats`` > 1 the median run is
+    reported, and every run's tokens/s beside it."""
+    call = TimedCall(model, prompts, drafter, batch, new_tokens, temperature, **opts)
+    for _ in range(max(1, repeats)):
+        call.run()
+    return call.result()
+
+
+def _summary(runs: list) -> dict:
     elapsed, outs, engine = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     tokens = sum(len(o.token_ids) for o in outs)
     steps = sum(o.stats["steps"] for o in outs)
@@ -77,22 +97,25 @@ def pair_rows(args, device, dtype) -> list[dict]:
     for temp in args.temperatures:
         for b in tqdm(args.batch_sizes, desc=f"pair T={temp}", file=sys.stderr):
             plain = None
-            for name in methods:
-                for hold in ([None] if name == "plain" else args.admit_hold_steps):
-                    drafter = drafters[name]
-                    # at least --min-prompts prompts, b at a time (later ones join as slots free up)
-                    res = timed(target, prompts[:max(b, args.min_prompts)], drafter, b, args.max_new_tokens, temp,
-                                repeats=args.repeats, admit_hold_steps=hold)
-                    outs = res.pop("outputs")
-                    row = dict(target="demo-pair", method=name, batch=b, temperature=temp,
-                               admit_hold_steps=ADMIT_HOLD_STEPS if hold is None else hold, **res)
-                    if name == "plain":
-                        plain, plain_outs = row, outs
-                    else:
-                        row["speedup_vs_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
-                        if temp == 0:
-                            row["output_equals_plain_greedy"] = outs == plain_outs
-                    rows.append(row)
+            variants = [(name, hold) for name in methods for hold in ([None] if name == "plain" else args.admit_hold_steps)]
+            # at least --min-prompts prompts, b at a time (later ones join as slots free up)
+            calls = {v: TimedCall(target, prompts[:max(b, args.min_prompts)], drafters[v[0]], b, args.max_new_tokens,
+                                  temp, admit_hold_steps=v[1]) for v in variants}
+            for _ in range(max(1, args.repeats)):  # interleaved: a drift of the machine reaches every method alike
+                for call in calls.values():
+                    call.run()
+            for (name, hold), call in calls.items():
+                res = call.result()
+                outs = res.pop("outputs")
+                row = dict(target="demo-pair", method=name, batch=b, temperature=temp,
+                           admit_hold_steps=ADMIT_HOLD_STEPS if hold is None else hold, **res)
+                if name == "plain":
+                    plain, plain_outs = row, outs
+                else:
+                    row["speedup_vs_plain"] = row["tokens_per_s"] / plain["tokens_per_s"]
+                    if temp == 0:
+                        row["output_equals_plain_greedy"] = outs == plain_outs
+                rows.append(row)
     return rows
 
 

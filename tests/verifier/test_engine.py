@@ -489,6 +489,10 @@ def test_a_new_engine_over_the_same_drafter_starts_from_the_acceptance_it_measur
         assert r.primed and r.tau == tau and r.retry_every == retry_every and r.seen == 0
     assert second.goodput.mode(False).stats[shapes[2]].retry_every == 2048  # it is retried as rarely
     assert second.goodput.mode(False).stats[shapes[0]].tau == 1.0  # plain decoding: exact, never primed
+    depths = first.goodput.learned_depths()  # chain acceptance per depth, pooled over chain:2 and chain:3 steps
+    assert set(depths) == {False, True}
+    for sampled, rates in depths.items():
+        assert second.goodput.mode(sampled).depths.rate == rates.rate
     other = engine_for(model, DeviceTreeDrafter(draft), shapes, 3, 128, False, DEFAULT_BUDGET)
     assert not any(r.primed for r in other.goodput.mode(False).stats.values())  # another drafter starts afresh
     second = engine_for(model, drafter, shapes, 3, 128, False, DEFAULT_BUDGET)  # the drafter's engine again

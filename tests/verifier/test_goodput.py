@@ -58,13 +58,30 @@ def test_a_shape_within_the_hysteresis_does_not_take_over():
 
 def test_retries_due_about_together_run_in_one_burst():
     """Shapes half-way to their retry are retried right after the one that is due: one drafter refresh."""
-    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
+    shapes = [TreeShape.parse(x) for x in ("none", "static:2,1", "beam:2x2")]
     ctl = GoodputController(shapes, retry_every=20, min_samples=1)
-    cost, tau = {"none": 1.0, "chain:2": 4.0, "chain:4": 4.0}, {"none": 1.0, "chain:2": 2.0, "chain:4": 2.0}
+    cost, tau = {"none": 1.0, "static:2,1": 4.0, "beam:2x2": 4.0}, {"none": 1.0, "static:2,1": 2.0, "beam:2x2": 2.0}
     chosen = _run(ctl, 80, cost, tau)
     retried = [i for i, x in enumerate(chosen) if x != "none"]
     runs = [b - a for a, b in zip(retried, retried[1:])]
-    assert retried[:2] == [1, 2] and runs.count(1) == len(retried) // 2  # chain:2 then chain:4, every time
+    assert retried[:2] == [1, 2] and runs.count(1) == len(retried) // 2  # static then beam, every time
+
+
+def test_a_chain_s_retry_runs_the_deepest_chain():
+    """Per-depth acceptance: the deepest chain's steps measure every shorter chain, so a due chain is retried as the
+    deepest one (one burst, one refresh), and the shorter chains' retry clocks restart with it."""
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
+    ctl = GoodputController(shapes, retry_every=20, min_samples=1)
+    cost = {"none": 1.0, "chain:2": 4.0, "chain:4": 4.5}
+    emitted = {"none": [1], "chain:2": [2, 1], "chain:4": [2, 1]}  # one drafted token accepted in two: both lose
+    chosen = []
+    for _ in range(120):
+        s = ctl.choose()
+        chosen.append(str(s))
+        ctl.observe(s, sum(emitted[str(s)]) / 2, cost[str(s)], emitted=emitted[str(s)])
+    assert chosen[:3] == ["none", "chain:2", "chain:4"]  # measured first (no known costs), each once
+    assert "chain:2" not in chosen[3:] and chosen[3:].count("chain:4") >= 3  # retries: only the deepest chain
+    assert ctl.stats[shapes[1]].pooled and ctl.stats[shapes[1]].tau == pytest.approx(1.5)
 
 
 def test_a_refresh_is_charged_in_part_so_a_draft_that_wins_per_step_takes_over():
@@ -179,18 +196,17 @@ def test_with_known_costs_a_shape_that_cannot_win_is_never_looked_at():
 
 def test_first_looks_wait_for_the_budget_to_cover_their_loss_if_nothing_were_accepted():
     """A draft that could win is looked at only once the worst case (tau 1 for min_samples steps) fits the budget
-    with every earlier first look: never at the start of a run, and the shapes' first looks come one by one."""
+    with every earlier first look: never at the start of a run. Of the chains that could win the deepest goes first
+    (its steps would measure the shorter ones too): the shorter waits for it."""
     plain, chain2, chain4 = (TreeShape.parse(x) for x in ("none", "chain:2", "chain:4"))
     cost = {"none": 1.0, "chain:2": 2.0, "chain:4": 3.0}
     tau = {"none": 1.0, "chain:2": 2.8, "chain:4": 4.5}  # tokens per second: 1, 1.4, 1.5
     ctl = _primed([plain, chain2, chain4], cost, budget=0.02, min_samples=4, retry_every=10**6)
     chosen = _run(ctl, 1000, cost, tau)
-    first2, first4 = chosen.index("chain:2"), chosen.index("chain:4")
-    # worst-case loss against the best rate then: 4 x (2 - 1) = 4 s against plain needs 200 s of clock; chain:2's
-    # look lost nothing (it beat plain), so chain:4's 4 x (3 - 2 / 2.8) = 9.14 s against chain:2 needs 457.1 s
-    assert first2 == 200 and chosen[first2: first2 + 4] == ["chain:2"] * 4
-    clock_at_4 = sum(cost[c] for c in chosen[:first4])
-    assert 457.1 <= clock_at_4 < 459.2 and chosen[first4: first4 + 4] == ["chain:4"] * 4
+    # chain:4's worst-case loss against plain decoding: 4 x (3 - 1) = 8 s, which needs 400 s of clock; chain:2's
+    # (4 s, 200 s) would fit first, but it waits for chain:4, after which it could not win (3 / 2 s <= 1.5)
+    first4 = chosen.index("chain:4")
+    assert first4 == 400 and chosen[first4: first4 + 4] == ["chain:4"] * 4 and "chain:2" not in chosen
     assert chosen[-100:] == ["chain:4"] * 100  # then the best measured shape holds
     assert ctl.mode().explore_spent <= 0.02 * ctl.mode().clock
 
@@ -251,3 +267,80 @@ def test_before_a_refresh_is_measured_a_retry_from_plain_counts_the_guessed_one(
     assert ctl.mode(True).refresh_guess == 3.0  # a mode made later starts from the guess too
     ctl.observe(plain, 1.0, 1.0, refresh_s=0.2)
     assert chooser.refresh_cost == pytest.approx(0.2) and chooser._due(chain, plain)
+
+
+def _chain_emitted(rng, depth: int, p: list, batch: int) -> list[int]:
+    """Tokens each of ``batch`` sequences emits in a chain:``depth`` step whose depth-d acceptance is ``p[d - 1]``."""
+    out = []
+    for _ in range(batch):
+        n = 0
+        while n < depth and rng.random() < p[n]:
+            n += 1
+        out.append(n + 1)
+    return out
+
+
+def test_a_deep_chain_s_steps_measure_every_shorter_chain_and_the_best_one_runs():
+    """Per-depth acceptance (SmartSpec): only chain:4 is ever stepped, yet chain:1-3 become measured from its
+    steps and the controller settles on the chain length with the best rate, which none of its steps ran."""
+    import random
+
+    rng = random.Random(7)
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:1", "chain:2", "chain:3", "chain:4")]
+    cost = {"none": 1.0, "chain:1": 1.3, "chain:2": 1.6, "chain:3": 2.0, "chain:4": 2.6}
+    p = [0.9, 0.8, 0.5, 0.5]  # tau: chain:1 1.9, chain:2 2.62, chain:3 2.98, chain:4 3.16
+    true_rate = {s: (1 + sum(__import__("math").prod(p[:k]) for k in range(1, s.max_depth + 1))) / cost[str(s)]
+                 for s in shapes}
+    assert max(true_rate, key=true_rate.get) == shapes[2]  # chain:2, 1.64 tokens per second
+    ctl = _primed(shapes, cost, budget=1.0, min_samples=4, retry_every=10**6)
+    chooser = ctl.mode()
+    for _ in range(4):  # chain:4's first look (forced): its steps report per-sequence emitted tokens
+        chooser.step += 1
+        emitted = _chain_emitted(rng, 4, p, batch=16)
+        ctl.observe(shapes[4], sum(emitted) / 16, cost["chain:4"], emitted=emitted)
+    for s in shapes[1:4]:
+        r = ctl.stats[s]
+        assert r.seen == 0 and r.pooled and chooser.measured(s)
+        assert r.tau == pytest.approx(chooser.depths.tau(s.max_depth))
+        assert r.tau == pytest.approx(true_rate[s] * cost[str(s)], rel=0.12)
+    chosen = []
+    for _ in range(400):
+        s = ctl.choose()
+        chosen.append(str(s))
+        emitted = _chain_emitted(rng, s.max_depth, p, batch=16) if s.kind == "chain" else [1] * 16
+        ctl.observe(s, sum(emitted) / 16, cost[str(s)], emitted=emitted)
+    assert chosen[-100:].count("chain:2") >= 95
+    assert ctl.stats[shapes[1]].seen == 0  # chain:1 never needed a step of its own
+    assert ctl.stats[shapes[1]].tau == pytest.approx(1.9, abs=0.06)
+
+
+def test_without_per_sequence_counts_chains_keep_their_own_means():
+    """A caller that reports only the mean (as host-drafted steps do) leaves per-depth pooling out."""
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
+    ctl = GoodputController(shapes, min_samples=1)
+    ctl.observe(shapes[2], 3.0, 1.0)
+    assert not ctl.stats[shapes[1]].pooled and not ctl.mode().depths.rate
+    ctl.observe(shapes[2], 3.0, 1.0, emitted=[3, 3])
+    assert ctl.stats[shapes[1]].pooled and ctl.stats[shapes[1]].tau == pytest.approx(3.0)
+
+
+def test_per_depth_acceptance_carries_over_to_a_new_controller():
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
+    old = GoodputController(shapes, min_samples=1)
+    old.observe(shapes[2], 2.0, 1.0, emitted=[1, 3], sampled=True)
+    new = GoodputController(shapes, min_samples=1)
+    new.prime_depths(old.learned_depths())
+    assert not new.mode(False).depths.rate  # greedy and sampled apart
+    assert new.mode(True).depths.rate == old.mode(True).depths.rate
+    assert new.mode(True).stats[shapes[1]].pooled and new.mode(True).stats[shapes[1]].seen == 0
+    old.observe(shapes[2], 5.0, 1.0, emitted=[5, 5], sampled=True)  # a copy: the old one's steps stay its own
+    assert new.mode(True).depths.rate != old.mode(True).depths.rate
+
+
+def test_the_sampled_mode_follows_its_own_weight_of_the_newest_sample():
+    shapes = [TreeShape.parse(x) for x in ("none", "chain:2")]
+    ctl = GoodputController(shapes, sampled_alpha=0.25, min_samples=1)
+    assert ctl.mode(False).alpha == 0.03 and ctl.mode(True).alpha == 0.25
+    ctl.observe(shapes[1], 3.0, 1.0, sampled=True)
+    ctl.observe(shapes[1], 1.0, 1.0, sampled=True)  # past min_samples: 3 + 0.25 x (1 - 3)
+    assert ctl.mode(True).stats[shapes[1]].tau == pytest.approx(2.5)

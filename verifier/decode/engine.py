@@ -179,7 +179,8 @@ class Engine:
         self.lazy = self.drafter is not None and hasattr(self.drafter, "catch_up")
         self.behind = 0  # plain steps since the drafter last caught up (host count; an upper bound per slot)
         # slots whose (lazy) drafter holds nothing useful: prefilled from prompt + output before the next draft
-        self.stale = [False] * int(max_batch)
+        # (idle slots count as stale, so ``False in stale`` asks whether some running slot's drafter is live)
+        self.stale = [True] * int(max_batch)
         self.budget = budget
         self.shapes = self._shapes(shapes)
         self.max_nodes = max(s.num_nodes for s in self.shapes)
@@ -192,6 +193,7 @@ class Engine:
         self.overlap = overlap and self.cuda
         self.step_costs: dict = {}  # step graph key -> seconds per replay, timed at capture (goodput priors)
         self.tau_prior: dict = {}  # (sampled, shape) -> (tau, retry_every) learned earlier (another engine, before warm_up)
+        self.depth_prior: dict = {}  # sampled -> DepthAcceptance of chain drafts learned earlier (likewise)
         self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
         # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
         self.defer_drafter = self.lazy and self.goodput is not None
@@ -238,12 +240,15 @@ class Engine:
             return
         self.tau_prior.update(other.tau_prior)
         self.tau_prior.update(other.goodput.learned())
+        self.depth_prior.update(other.depth_prior)
+        self.depth_prior.update(other.goodput.learned_depths())
         self._prime_learned(self.goodput)
 
     def _prime_learned(self, ctl: GoodputController) -> None:
-        """Prime ``ctl`` with the tau and retry back-off learned before (``tau_prior``)."""
+        """Prime ``ctl`` with the tau, retry back-off and per-depth chain acceptance learned before."""
         for (sampled, shape), (tau, retry_every) in self.tau_prior.items():
             ctl.prime(shape, sampled, tau=tau, retry_every=retry_every)
+        ctl.prime_depths(self.depth_prior)
 
     def reseed(self, seed: Optional[int]) -> None:
         """Seed the draws of sampled rows (verification uniforms, Gumbel noise); None: a fresh random seed.
@@ -418,6 +423,7 @@ class Engine:
     def _release(self, i: int) -> None:
         req = self.slots[i]
         self.slots[i] = None
+        self.stale[i] = True
         if req is not None and req.drafter_session is not None:
             try:
                 req.drafter_session.close()
@@ -449,15 +455,19 @@ class Engine:
         return verify_batch(tokens, parents, valid, logits, self.sampling.temperature, *self.sampling.filters(),
                             mode, q, u[0], u[1], max_depth=max_depth, max_width=max_width, sampling=any_sampled)
 
-    def _finish_step(self, res) -> None:
+    def _finish_step(self, res, park: bool = True, backlog: bool = True) -> None:
+        """Publish the step's tokens and next roots; rewind idle slots (the drafter's with ``park``, their
+        backlog with ``backlog``: a plain step that moved neither skips those launches)."""
         width = res.out_tokens.shape[1]
         self.out_tokens[:, :width].copy_(res.out_tokens)
         self.out_counts.copy_(res.num_out)
         self.roots.copy_(res.bonus)
         self.state.seqlen.masked_fill_(self.idle, 0)
         if self.drafter is not None:
-            self.drafter.park(self.idle)
-            self.backlog_len.masked_fill_(self.idle, 0)
+            if park:
+                self.drafter.park(self.idle)
+            if backlog and self.lazy:
+                self.backlog_len.masked_fill_(self.idle, 0)
 
     def _plain_step(self, any_sampled: bool, feed: bool):
         logits, hidden = self.model.step(self.roots, self.state, return_hidden=True)
@@ -472,7 +482,8 @@ class Engine:
         depth, count, valid = self._layout(PLAIN)
         res = self._verify(self.roots[:, None], torch.full_like(depth, -1), valid, logits[:, None],
                            DraftMode.DETERMINISTIC, None, 0, 1, any_sampled)
-        self._finish_step(res)
+        # a lazy drafter did not move in this step, and its backlog only if fed
+        self._finish_step(res, park=not self.lazy, backlog=feed)
 
     def _device_step(self, shape: TreeShape, any_sampled: bool):
         with record_function("stree.draft"):
@@ -647,7 +658,7 @@ class Engine:
             self.backlog_len.zero_()
             self.behind = 0
         # plain steps feed the backlog while some running slot's drafter is live
-        feed = self.lazy and any(not self.stale[i] for i in self._running())
+        feed = self.lazy and False in self.stale
         if shape.kind == "none":
             key = ("none", any_sampled, filtered, feed)
         elif shape.kind == "host":
@@ -738,7 +749,7 @@ class Engine:
             self.admission_costs.observe_step(seconds)
         if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s,
-                                 sampled=step.sampled)
+                                 sampled=step.sampled, emitted=accepted)
         return out
 
     def _shape_metrics(self, shape: TreeShape) -> tuple[str, str]:
@@ -853,6 +864,7 @@ class Engine:
             return len(self.graphs)
         if self.goodput is not None:  # what the engine measured before (real traffic) outlives the throw-away runs
             self.tau_prior.update(self.goodput.learned())
+            self.depth_prior.update(self.goodput.learned_depths())
         trees = [s for s in self.shapes if s.kind != "none"]
         # per tree shape: plain (drafter stale or deferred), draft, plain feeding the drafter, catch-up + draft
         patterns = [[PLAIN, s, PLAIN, s] for s in trees] if trees else [[PLAIN]]

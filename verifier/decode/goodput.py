@@ -41,13 +41,21 @@ shape is first looked at only when it could win at all (``(depth + 1) / cost`` a
 and when its loss if nothing were accepted fits the budget: measured on the H100 (batch 4-64),
 exploring every shape at once cost auto 5-20 % of short runs in which no draft could beat plain
 decoding. Without known costs every shape is measured first, as before.
+
+Chains share their acceptance (``DepthAcceptance``): a chain step that reports each sequence's accepted
+length updates per-depth rates, and every chain no deeper than the measured depths takes its tau from
+them, so a chain:4 step measures chain:1-3 too (measured on the H100, trained pair: auto's 8 chain:2
+steps over a 1000-step run put it at tau 2.6 and its 38 chain:4 steps at 2.7, too few of either to
+trust, where pooled they tell both).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from stree.protocols.tree_shape import TreeShape
+from stree.verifier.decode.depth_acceptance import DepthAcceptance
 
 
 @dataclass
@@ -62,13 +70,19 @@ class _Running:
     last_clock: float = 0.0  # the controller's clock (measured seconds) at its last sample
     known_cost: bool = False  # ``cost`` came from a timed replay before this shape's first step
     primed: bool = False  # ``tau`` came from an earlier engine's measurement
+    pooled: bool = False  # ``tau`` follows the per-depth acceptance of every chain step (chains only)
+    shape: TreeShape | None = None  # whose statistics these are (the chooser's loops walk rows, not a dict)
+    measured: bool = False  # ShapeChooser.measured, kept up to date where its inputs change (read every step)
 
 
 class ShapeChooser:
-    """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample.
+    """Chooses among ``shapes`` by measured tokens per second; ``alpha``: weight of the newest sample (0.03: acceptance
+    comes in runs, and a mean that follows the last ~10 steps left a draft for plain decoding in each bad run and came
+    back only at the next retry; on recorded traces of the trained pair that cost auto 5-13 % of the best chain's
+    speed against 0.1, ``bench/goodput_replay.py``).
     One sampling mode's statistics (``GoodputController`` keeps one per mode)."""
 
-    def __init__(self, shapes: list[TreeShape], alpha: float = 0.1, retry_every: int = 256,
+    def __init__(self, shapes: list[TreeShape], alpha: float = 0.03, retry_every: int = 256,
                  max_retry_every: int = 4096, hysteresis: float = 0.05, refresh_steps: int = 32,
                  min_samples: int = 4, explore_budget: float | None = None):
         if not shapes:
@@ -78,7 +92,13 @@ class ShapeChooser:
         self.retry_every = retry_every
         self.max_retry_every = max(retry_every, max_retry_every)
         # optimistic start: a tree of depth D may emit up to D + 1 tokens; every shape is tried early
-        self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every) for s in self.shapes}
+        self.stats = {s: _Running(tau=float(s.max_depth + 1), cost=1.0, retry_every=retry_every, shape=s)
+                      for s in self.shapes}
+        self._rows = list(self.stats.values())  # the per-step loops walk these: no shape hashing in them
+        # first looks in this order: of the chains that fit, the deepest (its steps measure every shorter chain)
+        self._look_order = sorted(self._rows, key=lambda r: -r.shape.max_depth if r.shape.kind == "chain" else 0)
+        # a chain's retry runs the deepest chain: its steps measure every shorter one (per-depth acceptance)
+        self._deepest_chain = max((s for s in self.shapes if s.kind == "chain"), key=lambda s: s.max_depth, default=None)
         self.hysteresis = hysteresis
         self.refresh_steps = refresh_steps
         self.min_samples = max(1, int(min_samples))
@@ -90,12 +110,17 @@ class ShapeChooser:
         self.refresh_s = 0.0  # running mean of the drafter refreshes observed (a retry from plain pays one whole)
         self.refresh_guess = 0.0  # what a refresh is taken to cost before one was measured (the engine sets it)
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
+        self.depths = DepthAcceptance(self.min_samples)  # acceptance per depth, pooled over chain steps
+        self._any_known_cost = False  # some shape's cost came from a timed replay (``prime``)
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
 
     def rate(self, shape: TreeShape) -> float:
         """Expected tokens per second per sequence of ``shape``, as measured so far."""
-        r = self.stats[shape]
+        return self._rate(self.stats[shape])
+
+    @staticmethod
+    def _rate(r: _Running) -> float:
         return r.tau / r.cost if r.cost > 0 else 0.0
 
     def prime(self, shape: TreeShape, tau: float | None = None, cost: float | None = None,
@@ -110,10 +135,12 @@ class ShapeChooser:
             return
         if cost is not None and cost > 0 and not r.known_cost:
             r.cost, r.known_cost = float(cost), True
+            self._any_known_cost = True
         if tau is not None and shape.kind != "none":
             r.tau, r.primed = float(tau), True
         if retry_every is not None:
             r.retry_every = min(max(int(retry_every), self.retry_every), self.max_retry_every)
+        self._remeasure(r)
 
     @property
     def refresh_cost(self) -> float:
@@ -123,40 +150,50 @@ class ShapeChooser:
     def measured(self, shape: TreeShape) -> bool:
         """Whether ``shape``'s rate rests on numbers: its own ``min_samples`` steps, or a known cost with a
         primed tau (plain decoding's tau is exact)."""
-        r = self.stats[shape]
-        return r.seen >= self.min_samples or (r.known_cost and (r.primed or shape.kind == "none"))
+        return self.stats[shape].measured
 
-    def _known(self) -> list[TreeShape]:
-        return [s for s in self.shapes if self.measured(s)]
+    def _remeasure(self, r: _Running) -> None:
+        """Recompute ``r.measured`` (after its steps, cost, prime or pooling changed)."""
+        r.measured = r.seen >= self.min_samples or (r.known_cost and (r.primed or r.pooled or r.shape.kind == "none"))
 
-    def best(self, known: list[TreeShape] | None = None) -> TreeShape:
-        """The measured shape (``known``, if given, else every measured one) with the best rate."""
-        return max((self._known() if known is None else known) or self.shapes, key=self.rate)
+    def _best_row(self) -> _Running:
+        return max([r for r in self._rows if r.measured] or self._rows, key=self._rate)
+
+    def best(self) -> TreeShape:
+        """The measured shape with the best rate (any shape while none is measured)."""
+        return self._best_row().shape
 
     def choose(self) -> TreeShape:
         self.step += 1
         if self.burst:
             return self._pop_burst()
-        if self.explore_budget is not None and any(self.stats[s].known_cost for s in self.shapes):
-            first = self._first_look()
-            if first is not None:
-                return first
+        known = [r for r in self._rows if r.measured]
+        if self.explore_budget is not None and self._any_known_cost:
+            if len(known) < len(self._rows):
+                first = self._first_look(known)
+                if first is not None:
+                    return first
         else:
-            for s in self.shapes:  # measure every shape before trusting the numbers
-                if self.stats[s].seen < self.min_samples:
-                    return s
-        known = self._known()
-        best = self.best(known)
-        if any(self._due(s, best) for s in known):
-            half = [s for s in known if s != self.current and self._due(s, best, 0.5)]
-            self.burst = [s for s in sorted(half, key=lambda s: self.stats[s].last_step)
-                          for _ in range(self.min_samples)]
+            for r in self._rows:  # measure every shape before trusting the numbers
+                if r.seen < self.min_samples:
+                    return r.shape
+        known = known or self._rows
+        best = max(known, key=self._rate)
+        rate = self._rate(best)
+        if any(self._due_row(r, rate) for r in known):
+            half = [r for r in known if r.shape != self.current and self._due_row(r, rate, 0.5)]
+            retry: list[TreeShape] = []
+            for r in sorted(half, key=lambda r: r.last_step):
+                s = self._deepest_chain if r.shape.kind == "chain" else r.shape  # it measures every shorter chain
+                if s != self.current and s not in retry:
+                    retry.append(s)
+            self.burst = [s for s in retry for _ in range(self.min_samples)]
         if self.burst:
             return self._pop_burst()
-        if self.current is not None and self.rate(best) < (1 + self.hysteresis) * self.rate(self.current):
+        if self.current is not None and rate < (1 + self.hysteresis) * self.rate(self.current):
             return self.current
-        self.current = best
-        return best
+        self.current = best.shape
+        return best.shape
 
     def _pop_burst(self) -> TreeShape:
         shape = self.burst.pop(0)
@@ -165,51 +202,63 @@ class ShapeChooser:
             r.retrying, r.retry_seen = True, 0
         return shape
 
-    def _first_look(self) -> TreeShape | None:
-        """With known costs and a budget: the shape to measure now, if any (see the module docstring).
+    def _first_look(self, known: list[_Running]) -> TreeShape | None:
+        """With known costs and a budget: the shape to measure now, if any (see the module docstring); ``known``:
+        the measured shapes' rows.
 
         Plain decoding and shapes without a known cost are measured first, as without a budget. A first look
         runs ``min_samples`` steps (a burst) and starts only if its loss, were no drafted token accepted, fits the
         budget; ``observe`` then charges what its steps actually lost."""
-        for s in self.shapes:
-            r = self.stats[s]
-            if r.seen < self.min_samples and not self.measured(s) and (s.kind == "none" or not r.known_cost):
-                return s
-        rate = self.rate(self.best())
-        for s in self.shapes:
-            r = self.stats[s]
-            if self.measured(s) or r.seen or (s.max_depth + 1) / r.cost <= rate:
+        unlooked = False
+        for r in self._rows:
+            if r.measured:
+                continue
+            if r.shape.kind == "none" or not r.known_cost:  # measured first, as without a budget
+                return r.shape
+            unlooked = unlooked or not r.seen
+        if not unlooked:  # every shape measured or under way: nothing to look at (the usual case, kept cheap)
+            return None
+        rate = max(map(self._rate, known or self._rows))
+        chain_waits = False  # a deeper chain that could win waits for the budget: no shorter chain goes first
+        for r in self._look_order:
+            s = r.shape
+            if r.measured or r.seen or (s.max_depth + 1) / r.cost <= rate or (chain_waits and s.kind == "chain"):
                 continue  # measured, under way, or it could not win with every drafted token accepted
-            loss = self._expected_loss(s, 1.0, rate)  # as if no drafted token were accepted
+            loss = self._expected_loss(r, 1.0, rate)  # as if no drafted token were accepted
             if self.explore_spent + loss <= self.explore_budget * self.clock:
                 self.burst = [s] * (self.min_samples - 1)
                 return s
+            chain_waits = chain_waits or s.kind == "chain"
         return None
 
     def _due(self, shape: TreeShape, best: TreeShape, frac: float = 1.0) -> bool:
         """Whether ``shape`` is ``frac`` of the way to its retry: its retry interval in steps has passed and,
         with an ``explore_budget``, enough measured time that the retry's expected loss against the ``best``
         shape (``min_samples`` steps at its last known rate) stays within that fraction of the run."""
-        r = self.stats[shape]
+        return self._due_row(self.stats[shape], self.rate(best), frac)
+
+    def _due_row(self, r: _Running, best_rate: float, frac: float = 1.0) -> bool:
         if self.step - r.last_step <= r.retry_every * frac:
             return False
         if self.explore_budget is None:
             return True
-        loss = self._expected_loss(shape, r.tau, self.rate(best))
+        loss = self._expected_loss(r, r.tau, best_rate)
         return (self.clock - r.last_clock >= frac * loss / self.explore_budget
                 and self.explore_spent + frac * loss <= self.explore_budget * self.clock)
 
-    def _expected_loss(self, shape: TreeShape, tau: float, rate: float) -> float:
-        """Seconds ``min_samples`` steps of ``shape`` at ``tau`` lose against ``rate`` tokens per second, plus the
-        drafter refresh when they leave plain decoding (first looks and retries alike)."""
-        loss = self.min_samples * max(0.0, self.stats[shape].cost - (tau / rate if rate > 0 else 0.0))
-        if shape.kind != "none" and self.current is not None and self.current.kind == "none":
+    def _expected_loss(self, r: _Running, tau: float, rate: float) -> float:
+        """Seconds ``min_samples`` steps of ``r``'s shape at ``tau`` lose against ``rate`` tokens per second, plus
+        the drafter refresh when they leave plain decoding (first looks and retries alike)."""
+        loss = self.min_samples * max(0.0, r.cost - (tau / rate if rate > 0 else 0.0))
+        if r.shape.kind != "none" and self.current is not None and self.current.kind == "none":
             loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
         return loss
 
-    def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0) -> None:
+    def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0,
+                emitted: list[int] | None = None) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
-        refresh of ``refresh_s`` (charged in part, see the module docstring)."""
+        refresh of ``refresh_s`` (charged in part, see the module docstring). ``emitted``: the tokens each
+        sequence emitted (a chain step's per-depth acceptance; optional)."""
         if self.current is not None and shape != self.current:  # exploring: what it lost against the current shape
             rate = self.rate(self.current)
             self.explore_spent += max(0.0, seconds + refresh_s - (tau / rate if rate > 0 else 0.0))
@@ -224,44 +273,66 @@ class ShapeChooser:
             r.retry_seen += 1
         else:
             a = self.alpha
+        if emitted and shape.kind == "chain":  # a retry's weight, else the running one (a first look adds depths)
+            self.depths.observe(shape.max_depth, [n - 1 for n in emitted], a if r.retrying else self.alpha)
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
         r.seen += 1
+        self._remeasure(r)
         r.last_step = self.step
         self.clock += seconds
         r.last_clock = self.clock
+        if emitted and shape.kind == "chain":
+            self._pool_chains(shape)
         if r.retrying and r.retry_seen >= self.min_samples:
             r.retrying = False
             r.retry_every = self.retry_every if self.best() == shape else min(2 * r.retry_every,
                                                                               self.max_retry_every)
 
+    def _pool_chains(self, stepped: TreeShape | None = None) -> None:
+        """Every chain whose depths are measured takes its tau from the per-depth rates; those no deeper than
+        the ``stepped`` chain (if any) were measured just now (their retry clock restarts)."""
+        for r in self._rows:
+            s = r.shape
+            if s.kind == "chain" and self.depths.known(s.max_depth):
+                r.tau, r.pooled = self.depths.tau(s.max_depth), True
+                self._remeasure(r)
+                if stepped is not None and s != stepped and s.max_depth <= stepped.max_depth:
+                    r.last_step, r.last_clock = self.step, self.clock
+
     def table(self) -> list[dict]:
         """What the controller believes now, shape by shape."""
         return [{"shape": str(s), "tau": r.tau, "cost_ms": 1e3 * r.cost, "tokens_per_s": self.rate(s), "steps": r.seen,
                  "retry_every": r.retry_every, "measured": self.measured(s), "known_cost": r.known_cost,
-                 "primed": r.primed}
+                 "primed": r.primed, "pooled": r.pooled}
                 for s, r in self.stats.items()]
 
     def learned(self) -> dict:
         """``{shape: (tau, retry_every)}`` of every drafted shape with numbers behind it (its own steps or a prime),
         for a new engine: a draft that kept losing its retries is retried as rarely there."""
         return {s: (r.tau, r.retry_every) for s, r in self.stats.items()
-                if s.kind != "none" and (r.seen >= self.min_samples or r.primed)}
+                if s.kind != "none" and (r.seen >= self.min_samples or r.primed or r.pooled)}
 
 
 class GoodputController:
     """Goodput control for an engine: a ``ShapeChooser`` per sampling mode (``sampled``: the step has a row
-    with temperature > 0), made when that mode first runs. ``knobs`` go to every ``ShapeChooser``."""
+    with temperature > 0), made when that mode first runs. ``knobs`` go to every ``ShapeChooser``; the sampled
+    mode's running means weigh the newest sample ``sampled_alpha``. Sampled acceptance varies step to step by the
+    draws more than it comes in runs, and a draft that looked good after a lucky retry (4 steps) was then run for
+    as long as a slow mean remembered that retry: on the H100 (trained pair, T=1) auto ran at 0.95-0.99x plain with
+    0.03 against 0.97-0.99x with 0.1 (BENCHMARKS.md §0o)."""
 
-    def __init__(self, shapes: list[TreeShape], **knobs):
+    def __init__(self, shapes: list[TreeShape], sampled_alpha: float = 0.1, **knobs):
         self.shapes = list(shapes)
         self._knobs = knobs
+        self._sampled_alpha = sampled_alpha
         self._refresh_guess = 0.0  # guess_refresh's value, for modes made later
         self.modes = {False: ShapeChooser(self.shapes, **knobs)}
 
     def mode(self, sampled: bool = False) -> ShapeChooser:
         if sampled not in self.modes:
-            self.modes[sampled] = ShapeChooser(self.shapes, **self._knobs)
+            knobs = {**self._knobs, "alpha": self._sampled_alpha} if sampled else self._knobs
+            self.modes[sampled] = ShapeChooser(self.shapes, **knobs)
             self.modes[sampled].refresh_guess = self._refresh_guess
         return self.modes[sampled]
 
@@ -294,8 +365,20 @@ class GoodputController:
             chooser.refresh_guess = self._refresh_guess
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0,
-                sampled: bool = False) -> None:
-        self.mode(sampled).observe(shape, tau, seconds, refresh_s)
+                sampled: bool = False, emitted: list[int] | None = None) -> None:
+        self.mode(sampled).observe(shape, tau, seconds, refresh_s, emitted)
+
+    def learned_depths(self) -> dict:
+        """``{sampled: DepthAcceptance}`` (copies) of every mode whose chains measured some depth."""
+        return {sampled: copy.deepcopy(chooser.depths) for sampled, chooser in self.modes.items()
+                if chooser.depths.rate}
+
+    def prime_depths(self, depths: dict) -> None:
+        """Start each mode's per-depth chain acceptance from ``depths`` (``learned_depths`` of another engine)."""
+        for sampled, rates in depths.items():
+            chooser = self.mode(sampled)
+            chooser.depths.copy_from(rates)
+            chooser._pool_chains()
 
     def table(self) -> list[dict]:
         """What the controller believes now, per sampling mode that has run and shape."""

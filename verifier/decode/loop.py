@@ -300,12 +300,14 @@ def generate(
             if r.drafter_session is not None and not r.done:
                 r.drafter_session.close()
     host = engine.host_step_stats
+    # the engine's numbers, made once per call and shared by every result (made per result, a batch-64 call built
+    # 64 goodput tables, ~1.5 ms on the dev machine's CPU): cumulative over the engine's life, as it is reused
+    shared = {"engine_metrics": dict(engine.metrics)}
+    if engine.goodput is not None:
+        shared["goodput"] = engine.goodput.table()
     results = []
     for r in requests:
-        stats = {**r.stats, **host, "decode_tokens_per_s": r.stats["tokens_per_s"]}
-        if engine.goodput is not None:
-            stats["goodput"] = engine.goodput.table()
-        stats["engine_metrics"] = dict(engine.metrics)  # cumulative over the engine's life (it is reused)
+        stats = {**r.stats, **host, "decode_tokens_per_s": r.stats["tokens_per_s"], **shared}
         text = tokenizer.decode(r.output) if tokenizer is not None else None
         results.append(GenerationResult(token_ids=r.output, stats=stats, text=text))
     return results[0] if single else results

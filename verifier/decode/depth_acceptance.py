@@ -1,0 +1,57 @@
+"""Running per-depth acceptance of chain drafts, from which the tau of every chain length follows.
+
+A chain:K step whose sequence accepted ``a`` drafted tokens tried depths 1..min(a + 1, K) and passed
+depths 1..a. The draft at depth d does not depend on K (greedy: the same tokens; sampled: the same
+law), so ``p[d]`` (acceptance at depth d, given depth d - 1 was accepted) pools the steps of every
+chain length, and chain:K's expected tokens per step is ``1 + sum_k prod_{d<=k} p[d]``. Goodput
+control (SmartSpec) uses this so one chain's steps measure every shorter chain.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class DepthAcceptance:
+    """``p[d]`` per depth as a running mean: the plain mean of a depth's first ``min_samples`` steps,
+    then an exponential one whose weight per step the caller gives (``observe``)."""
+
+    def __init__(self, min_samples: int = 4):
+        self.min_samples = max(1, int(min_samples))
+        self.rate: list[float] = []  # rate[d - 1]: acceptance at depth d given depth d - 1 was accepted
+        self.steps: list[int] = []  # steps that tried depth d
+
+    def observe(self, depth: int, accepted: Sequence[int], weight: float) -> None:
+        """One chain step of ``depth`` drafted tokens; ``accepted``: drafted tokens each sequence accepted;
+        ``weight``: the newest sample's weight once a depth has its first ``min_samples`` steps."""
+        for d in range(1, depth + 1):
+            tried = sum(1 for a in accepted if a >= d - 1)
+            if not tried:
+                return
+            passed = sum(1 for a in accepted if a >= d)
+            if d > len(self.rate):
+                self.rate.append(0.0)
+                self.steps.append(0)
+            n = self.steps[d - 1]
+            w = 1.0 / (n + 1) if n < self.min_samples else weight
+            self.rate[d - 1] += w * (passed / tried - self.rate[d - 1])
+            self.steps[d - 1] = n + 1
+
+    def known(self, depth: int) -> bool:
+        """Whether depths 1..``depth`` each have ``min_samples`` steps behind their rate."""
+        return depth <= len(self.steps) and all(n >= self.min_samples for n in self.steps[:depth])
+
+    def tau(self, depth: int) -> float:
+        """Expected tokens per step of chain:``depth`` (the bonus token counted)."""
+        if depth > len(self.rate):
+            raise ValueError(f"no acceptance measured at depth {len(self.rate) + 1} (asked for chain:{depth})")
+        tau, run = 1.0, 1.0
+        for p in self.rate[:depth]:
+            run *= p
+            tau += run
+        return tau
+
+    def copy_from(self, other: "DepthAcceptance") -> None:
+        """Start from ``other``'s rates (another engine's, over the same drafter), where this one has none."""
+        if not self.rate:
+            self.rate, self.steps = list(other.rate), list(other.steps)
