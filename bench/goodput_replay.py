@@ -55,22 +55,25 @@ def replay(trace: list[list[int]], policy, costs: dict, refresh_s: float, catch_
         p, behind, stale = 0, 0, True  # a new request: the drafter is prefilled only when a draft is chosen
         while p < new_tokens:
             shape = ctl.choose() if ctl else policy
+            refresh = catch_up = 0.0
             if shape.kind == "none":
-                emitted, extra = 1, 0.0
+                emitted = 1
                 behind += 1
                 if behind > CATCH_UP:
                     stale = True
             else:
                 emitted = min(accepted[p], shape.max_depth) + 1
-                extra = refresh_s if stale else (catch_up_s if behind else 0.0)
+                if stale:
+                    refresh = refresh_s
+                elif behind:
+                    catch_up = catch_up_s
                 stale, behind = False, 0
             cost = costs[str(shape)]
-            seconds += cost + extra
+            seconds += cost + refresh + catch_up
             steps += 1
             counts[str(shape)] = counts.get(str(shape), 0) + 1
-            if ctl:
-                ctl.observe(shape, float(emitted), cost, refresh_s=extra if extra == refresh_s and extra else 0.0,
-                            emitted=[emitted])
+            if ctl:  # a refresh is reported apart, as the engine's refresh_s
+                ctl.observe(shape, float(emitted), cost, refresh_s=refresh, emitted=[emitted])
             p += emitted
     return seconds, steps, counts
 

@@ -56,7 +56,16 @@ class TimedCall:
 
     def result(self) -> dict:
         """The median run (tokens/s, engine metrics, outputs), and every run's tokens/s beside it."""
-        return _summary(self.runs)
+        runs = self.runs
+        elapsed, outs, engine = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        tokens = sum(len(o.token_ids) for o in outs)
+        steps = sum(o.stats["steps"] for o in outs)
+        return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
+                "tokens_per_s_runs": [tokens / e for e, _, _ in runs],
+                "engine": engine,  # the median run's engine metrics: steps and GPU seconds per shape, admission, refresh
+                "tau": tokens / steps if steps else None, "host_us_p50": outs[0].stats.get("host_us_p50"),
+                "outputs": [o.token_ids for o in outs],
+                "goodput": outs[0].stats.get("goodput")}
 
 
 def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: float, repeats: int = 1,
@@ -67,18 +76,6 @@ def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: flo
     for _ in range(max(1, repeats)):
         call.run()
     return call.result()
-
-
-def _summary(runs: list) -> dict:
-    elapsed, outs, engine = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
-    tokens = sum(len(o.token_ids) for o in outs)
-    steps = sum(o.stats["steps"] for o in outs)
-    return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
-            "tokens_per_s_runs": [tokens / e for e, _, _ in runs],
-            "engine": engine,  # the median run's engine metrics: steps and GPU seconds per shape, admission, refresh
-            "tau": tokens / steps if steps else None, "host_us_p50": outs[0].stats.get("host_us_p50"),
-            "outputs": [o.token_ids for o in outs],
-            "goodput": outs[0].stats.get("goodput")}
 
 
 def pair_rows(args, device, dtype) -> list[dict]:

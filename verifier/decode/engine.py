@@ -239,10 +239,14 @@ class Engine:
         if self.goodput is None or other.goodput is None:
             return
         self.tau_prior.update(other.tau_prior)
-        self.tau_prior.update(other.goodput.learned())
         self.depth_prior.update(other.depth_prior)
-        self.depth_prior.update(other.goodput.learned_depths())
+        self._remember(other.goodput)
         self._prime_learned(self.goodput)
+
+    def _remember(self, ctl: GoodputController) -> None:
+        """Keep what ``ctl`` learned (tau and back-off per shape, per-depth chain acceptance) for controllers made later."""
+        self.tau_prior.update(ctl.learned())
+        self.depth_prior.update(ctl.learned_depths())
 
     def _prime_learned(self, ctl: GoodputController) -> None:
         """Prime ``ctl`` with the tau, retry back-off and per-depth chain acceptance learned before."""
@@ -863,8 +867,7 @@ class Engine:
         if not self.cuda_graphs or self.host or self.has_work:
             return len(self.graphs)
         if self.goodput is not None:  # what the engine measured before (real traffic) outlives the throw-away runs
-            self.tau_prior.update(self.goodput.learned())
-            self.depth_prior.update(self.goodput.learned_depths())
+            self._remember(self.goodput)
         trees = [s for s in self.shapes if s.kind != "none"]
         # per tree shape: plain (drafter stale or deferred), draft, plain feeding the drafter, catch-up + draft
         patterns = [[PLAIN, s, PLAIN, s] for s in trees] if trees else [[PLAIN]]

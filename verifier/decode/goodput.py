@@ -156,8 +156,12 @@ class ShapeChooser:
         """Recompute ``r.measured`` (after its steps, cost, prime or pooling changed)."""
         r.measured = r.seen >= self.min_samples or (r.known_cost and (r.primed or r.pooled or r.shape.kind == "none"))
 
-    def _best_row(self) -> _Running:
-        return max([r for r in self._rows if r.measured] or self._rows, key=self._rate)
+    def _best_row(self, known: list[_Running] | None = None) -> _Running:
+        """The row with the best rate among ``known`` (the measured rows, found here if not given), or among
+        every row while none is measured."""
+        if known is None:
+            known = [r for r in self._rows if r.measured]
+        return max(known or self._rows, key=self._rate)
 
     def best(self) -> TreeShape:
         """The measured shape with the best rate (any shape while none is measured)."""
@@ -177,9 +181,9 @@ class ShapeChooser:
             for r in self._rows:  # measure every shape before trusting the numbers
                 if r.seen < self.min_samples:
                     return r.shape
-        known = known or self._rows
-        best = max(known, key=self._rate)
+        best = self._best_row(known)
         rate = self._rate(best)
+        known = known or self._rows
         if any(self._due_row(r, rate) for r in known):
             half = [r for r in known if r.shape != self.current and self._due_row(r, rate, 0.5)]
             retry: list[TreeShape] = []
@@ -218,7 +222,7 @@ class ShapeChooser:
             unlooked = unlooked or not r.seen
         if not unlooked:  # every shape measured or under way: nothing to look at (the usual case, kept cheap)
             return None
-        rate = max(map(self._rate, known or self._rows))
+        rate = self._rate(self._best_row(known))
         chain_waits = False  # a deeper chain that could win waits for the budget: no shorter chain goes first
         for r in self._look_order:
             s = r.shape
@@ -273,7 +277,8 @@ class ShapeChooser:
             r.retry_seen += 1
         else:
             a = self.alpha
-        if emitted and shape.kind == "chain":  # a retry's weight, else the running one (a first look adds depths)
+        pooled = bool(emitted) and shape.kind == "chain"
+        if pooled:  # a retry's weight, else the running one (a first look adds depths)
             self.depths.observe(shape.max_depth, [n - 1 for n in emitted], a if r.retrying else self.alpha)
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
@@ -282,7 +287,7 @@ class ShapeChooser:
         r.last_step = self.step
         self.clock += seconds
         r.last_clock = self.clock
-        if emitted and shape.kind == "chain":
+        if pooled:
             self._pool_chains(shape)
         if r.retrying and r.retry_seen >= self.min_samples:
             r.retrying = False
