@@ -16,7 +16,7 @@ import json
 import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
-from stree.bench.common import add_pair_args, save_record
+from stree.bench.common import add_pair_args, record_meta, save_record
 from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
@@ -194,7 +194,8 @@ def run(args) -> int:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     target = load_model(args.target, device="cuda", dtype=dtype)
     draft = load_model(args.draft, device="cuda", dtype=dtype)
-    record: dict = {"phases": {}, "graph_ms": {}, "components_ms": {}}
+    record: dict = {**record_meta("step-profile", torch.device("cuda")), "phases": {}, "graph_ms": {},
+                    "components_ms": {}}
     record["draft_ms"] = {}
     for label, drafter, spec in _cases(args, draft):
         engine = Engine(target, drafter, [spec], max_batch=args.batch, max_seqlen=512)

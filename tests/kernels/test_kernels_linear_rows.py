@@ -101,3 +101,22 @@ def test_gated_prologue_refuses_a_ragged_group():
     with pytest.raises(ValueError, match="groups of 7"):
         gated_rmsnorm_linear_rows_triton(torch.randn(2, 20), torch.randn(2, 20), torch.ones(20), 7, 1e-5, False,
                                          torch.randn(3, 20))
+
+
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_prologues_whose_group_fits_one_chunk_match_reference(m):
+    """A norm group inside one K chunk loads its rows once for the norm and the product (the demo pair's
+    5-row tree pass): both prologues, several groups, against the references."""
+    from stree.kernels.linear_rows_triton import add_rmsnorm_linear_rows_triton, gated_rmsnorm_linear_rows_triton
+    from stree.kernels.norm_linear import add_rmsnorm_linear_ref, gated_rmsnorm_linear_ref
+
+    x, r, z = torch.randn(m, 48), torch.randn(m, 48), torch.randn(m, 48)
+    nw, w, b = torch.rand(48) + 0.5, torch.randn(20, 48), torch.randn(20)
+    y, r_out = add_rmsnorm_linear_rows_triton(x, r, nw, 1e-5, True, w, b, block_k=64, unroll=True)
+    y0, r0 = add_rmsnorm_linear_ref(x, r, nw, 1e-5, True, w, b)
+    torch.testing.assert_close(y, y0, atol=1e-4, rtol=1e-4)
+    assert torch.equal(r_out, r0)
+    for before in (False, True):
+        got = gated_rmsnorm_linear_rows_triton(x, z, nw, 16, 1e-5, before, w, b, block_k=16)
+        torch.testing.assert_close(got, gated_rmsnorm_linear_ref(x, z, nw, 16, 1e-5, before, w, b), atol=1e-4,
+                                   rtol=1e-4)

@@ -61,7 +61,7 @@ def test_model_step_and_tree_through_fused_norms_equal_reference(models, arch):
             torch.testing.assert_close(a.ssm_state, b.ssm_state, atol=1e-4, rtol=1e-4)
     counts = fused[4]
     assert counts["triton._gated_rmsnorm_kernel"] == 0  # every Mamba2 block's gated norm ran inside out_proj
-    # the pre-norms left: the final norm and the blocks that are not plain Mamba2 blocks
+    # the pre-norms left: the blocks that are not plain Mamba2 blocks (the final norm runs inside the LM head)
     others = sum(b.norm is not None and not b.fusable_in_proj for b in model.backbone.layers)
-    assert counts["triton._add_rmsnorm_kernel"] == others + 1
-    assert counts["triton._linear_rows_kernel"] >= 2 * mamba_blocks
+    assert counts["triton._add_rmsnorm_kernel"] == others
+    assert counts["triton._linear_rows_kernel"] >= 2 * mamba_blocks + 1

@@ -292,9 +292,12 @@ def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
                     ("none", True, False, True), ("tree", False, False), ("tree", True, False), ("catch_up",)}
     assert all(row["steps"] == 0 for row in engine.goodput.table()) and not engine.metrics
     assert engine.num_running == 0 and not engine.has_work
+    # a drafter refresh was timed: until one is measured, that (not a whole admission) is what leaving plain costs
+    assert engine.refresh_guess_s > 0 and engine.goodput._refresh_guess == engine.refresh_guess_s
     prompts = [[5, 9, 13], [2]]
     reqs = engine.run([Request(p, max_new_tokens=20) for p in prompts])
     assert [r.output for r in reqs] == [_reference(model, p, 20) for p in prompts]
+    assert engine.goodput._refresh_guess == engine.refresh_guess_s  # admissions did not replace it
 
 
 def test_a_capture_that_fails_after_its_warm_up_runs_loses_nothing(models, monkeypatch):

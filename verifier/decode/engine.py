@@ -47,6 +47,8 @@ finish, so that queued prompts share one prefill (admission.py: the measured cos
 CATCH_UP = 16
 """Plain steps a model drafter may fall behind before the engine feeds it the backlog in one pass; past
 that, the drafter's slots go stale and are prefilled afresh from the sequence before its next draft."""
+REFRESH_PROBE_TOKENS = 256
+"""Context length of the drafter refresh ``warm_up`` times: goodput control's first guess of what a refresh costs."""
 
 
 def take_until_stop(tokens: Sequence[int], room: int, stop_token_ids) -> tuple[list[int], bool]:
@@ -164,6 +166,7 @@ class Engine:
         self.admit_hold_steps = check_hold_steps(admit_hold_steps)
         self._held = 0  # steps the free slots have waited so far
         self.admission_costs = AdmissionCosts()
+        self.refresh_guess_s: Optional[float] = None  # a drafter refresh timed by warm_up (else admissions guess)
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = int(prefill_chunk)
@@ -219,11 +222,34 @@ class Engine:
         """A fresh controller, started from the step costs timed so far and the acceptance known from before."""
         ctl = GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
         self._prime_learned(ctl)
-        if self.admission_costs.admit_s is not None:
-            ctl.guess_refresh(self.admission_costs.admit_s)
+        self._guess_refresh(ctl)
         for key, seconds in self.step_costs.items():
             self._prime_cost(ctl, key, seconds)
         return ctl
+
+    def _guess_refresh(self, ctl: GoodputController) -> None:
+        """Until ``ctl`` measures a drafter refresh, it takes one to cost the refresh ``warm_up`` timed, else an
+        admission (a prefill of the target too: an overestimate that delayed auto's first drafts by hundreds of
+        steps on the H100, BENCHMARKS.md §0p)."""
+        guess = self.refresh_guess_s if self.refresh_guess_s is not None else self.admission_costs.admit_s
+        if guess is not None:
+            ctl.guess_refresh(guess)
+
+    def _time_refresh(self) -> float:
+        """Wall seconds of one drafter refresh of a ``REFRESH_PROBE_TOKENS``-token context into slot 0 (the second
+        of two runs: the first may compile); the slot is free, and is prefilled again when a sequence joins it."""
+        context = [0] * max(1, min(REFRESH_PROBE_TOKENS, self.max_seqlen // 2))
+        seconds = 0.0
+        for _ in range(2):
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            self.drafter.prefill_slots([0], [context])
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - t0
+        self.stale[0] = True
+        return seconds
 
     @staticmethod
     def _prime_cost(ctl: GoodputController, key, seconds: float) -> None:
@@ -242,6 +268,9 @@ class Engine:
         self.depth_prior.update(other.depth_prior)
         self._remember(other.goodput)
         self._prime_learned(self.goodput)
+        if self.refresh_guess_s is None and other.refresh_guess_s is not None:  # the same drafter's refresh
+            self.refresh_guess_s = other.refresh_guess_s
+            self._guess_refresh(self.goodput)
 
     def _remember(self, ctl: GoodputController) -> None:
         """Keep what ``ctl`` learned (tau and back-off per shape, per-depth chain acceptance) for controllers made later."""
@@ -410,8 +439,8 @@ class Engine:
         elapsed = time.perf_counter() - t0
         self.metrics["admit_s"] += elapsed
         self.admission_costs.observe_admit(elapsed)
-        if self.goodput is not None:  # until a refresh is measured, take one to cost what an admission does
-            self.goodput.guess_refresh(self.admission_costs.admit_s)
+        if self.goodput is not None:
+            self._guess_refresh(self.goodput)
         for j, i, req in zip(picked, slots, admitted):
             if self.observes:
                 self.drafter.observe_target(hidden[j], slot=i)
@@ -881,6 +910,8 @@ class Engine:
             self.forced_shapes = None
         self.warmed_up = True
         if self.goodput is not None:
+            if self.defer_drafter:  # refreshes are what leaving plain decoding costs: time one now
+                self.refresh_guess_s = self._time_refresh()
             self.goodput = self._goodput()
         self.metrics.clear()
         self.step_host_s.clear()

@@ -180,6 +180,19 @@ class LMState:
                 t.index_copy_(0, idx, s.to(t.dtype))
         self.seqlen[idx] = src.seqlen[:n].to(self.seqlen.device)
 
+    def copy_from(self, src: "LMState") -> None:
+        """Overwrite every row with ``src`` (same layout and batch size): one copy per stacked field."""
+        done = set()
+        for name, index, view, s_view in paired_field_stacks(self.layers, src.layers):
+            if view is not None:
+                view.copy_(s_view)
+                done.update((i, name) for i in index)
+        for i, (dst_layer, src_layer) in enumerate(zip(self.layers, src.layers)):
+            for name, t in vars(dst_layer).items():
+                if (i, name) not in done:
+                    t.copy_(getattr(src_layer, name))
+        self.seqlen.copy_(src.seqlen)
+
     def assign_row(self, row: int, src: "LMState") -> None:
         """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""
         self.assign_rows([row], src)
@@ -250,8 +263,15 @@ class StreeLM(WeightsHome, nn.Module):
         return self.lm_head.weight
 
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None, return_hidden: bool = False):
-        """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from)."""
-        h, _ = self.backbone.layers[-1]._add_norm(self.backbone.norm_f, hidden, residual)
+        """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from). The final
+        RMSNorm runs as the LM head's prologue (one launch) where ``norm_linear`` measured that faster."""
+        norm, last = self.backbone.norm_f, self.backbone.layers[-1]
+        if head is None and not return_hidden and isinstance(norm, nn.RMSNorm):
+            logits, _ = ops.add_rmsnorm_linear(hidden, residual, norm.weight, norm.eps, last.residual_in_fp32,
+                                               self.lm_head.weight, self.lm_head.bias)
+            logits = logits[..., : self.config.vocab_size].float()
+            return logits / self.config.logits_scaling if self.config.logits_scaling != 1.0 else logits
+        h, _ = last._add_norm(norm, hidden, residual)
         if head is not None:
             logits = head.logits(h, self.config.vocab_size)
         else:  # logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped
@@ -261,15 +281,18 @@ class StreeLM(WeightsHome, nn.Module):
         return (logits, h) if return_hidden else logits
 
     def _run(self, input_ids, mixes, head: "TrimmedHead | None" = None, return_hidden: bool = False,
-             pick: torch.Tensor | None = None, fuse: bool = False):
+             pick: torch.Tensor | None = None, fuse: bool = False, logits: bool = True):
         """Embed, run every block, read logits; ``pick`` (``[B]`` positions) reads them at one position per row.
-        ``fuse``: the mixes are step or tree calls, which take a ``Projected`` input (see ``Block.run``)."""
+        ``fuse``: the mixes are step or tree calls, which take a ``Projected`` input (see ``Block.run``).
+        ``logits=False``: only the blocks' side effects are wanted (a tree pass's activations), no norm or LM head."""
         hidden, residual = self.backbone.embedding(input_ids), None
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
         emb = hidden  # what hybrid (Zamba2) layers concatenate to the residual stream
         for block, mix in zip(self.backbone.layers, mixes):
             hidden, residual = block.run(hidden, residual, mix, emb, fuse)
+        if not logits:
+            return None
         if pick is not None:  # only the picked positions go through the final norm and the LM head
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             hidden, residual = hidden[rows, pick], residual[rows, pick]
@@ -366,11 +389,13 @@ class StreeLM(WeightsHome, nn.Module):
 
     @torch.no_grad()
     def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None,
-                     return_hidden: bool = False):
+                     return_hidden: bool = False, acts_only: bool = False):
         """Logits ``[B, N, V]`` after every node of each tree, in one pass; ``state`` is unchanged.
 
         ``anc_mask`` (``[B, N, N]``, optional) saves recomputing the ancestor mask on the device.
         With ``return_hidden`` it returns ``(logits, acts, hidden [B, N, d])``, the final-norm hidden states.
+        ``acts_only``: a pass whose logits nobody reads (a draft's last pass, a catch-up) skips the final norm and
+        the LM head and returns ``(None, acts)``.
         """
         trees = trees.to(self.device)
         self._check_ids(trees.tokens)
@@ -417,7 +442,7 @@ class StreeLM(WeightsHome, nn.Module):
         if return_hidden:
             logits, hidden = self._run(trees.tokens, mixes, return_hidden=True, fuse=True)
             return logits, TreeActs(acts, trees), hidden
-        logits = self._run(trees.tokens, mixes, fuse=True)
+        logits = self._run(trees.tokens, mixes, fuse=True, logits=not acts_only)
         return logits, TreeActs(acts, trees)
 
     def _mamba_blocks(self) -> list:

@@ -6,6 +6,11 @@ ancestors, so placeholders never change a real node) and picks their children. A
 finished tree leaves the activations that move the draft state along the accepted path by replay,
 exactly as the target's commit does, so the draft state never steps token by token and never
 reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
+
+A chain on a pure Mamba2 draft model is picked by one-token decode steps instead (``STREE_CHAIN_DRAFT``,
+``chain_draft_setting``): the steps run on a scratch copy of the slots' state (an SSM state is small), which
+costs fewer launches than a tree pass per depth; one tree pass over the finished chain still leaves the
+commit's activations, so the commit is the same replay.
 """
 
 from __future__ import annotations
@@ -15,11 +20,21 @@ from typing import Optional
 import torch
 
 from stree.drafter_service.drafters.gumbel import pick_children
+from stree.kernels import backend
 from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.model.graphed_prefill import PrefillRunner
+
+
+CHAIN_DRAFTS = ("steps", "tree")
+
+
+def chain_draft_setting() -> str:
+    """``STREE_CHAIN_DRAFT``: ``steps`` (the default: one-token steps on a scratch state, where the draft model is
+    pure Mamba2) or ``tree`` (a tree pass per depth, as every other template)."""
+    return backend.env_choice("STREE_CHAIN_DRAFT", CHAIN_DRAFTS, "steps")
 
 
 class DeviceTreeDrafter:
@@ -30,14 +45,20 @@ class DeviceTreeDrafter:
 
     KINDS = ("chain", "static", "beam")
 
-    def __init__(self, model, head=None, generator: Optional[torch.Generator] = None):
+    def __init__(self, model, head=None, generator: Optional[torch.Generator] = None,
+                 chain_steps: Optional[bool] = None):
         self.model = model
         self.head = head  # VocabTrim: a trimmed LM head (logits -inf outside it)
         self.generator = generator  # Gumbel noise of sampled rows (None: the device's default, graph-safe)
         self.state = None
+        self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
         self.acts = None
         self._layout: dict = {}
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
+        pure = all(b.kind == "mamba" for b in model.backbone.layers)  # a state small enough to copy per draft
+        if chain_steps is None:
+            chain_steps = chain_draft_setting() == "steps"
+        self.chain_steps = chain_steps and pure
 
     def supports(self, shape: TreeShape) -> bool:
         return shape.kind in self.KINDS
@@ -45,6 +66,7 @@ class DeviceTreeDrafter:
     # ----- slots --------------------------------------------------------------------------------
     def new_slots(self, batch_size: int, max_seqlen: int) -> None:
         self.state = self.model.new_state(batch_size, max_seqlen)
+        self.scratch = self.model.new_state(batch_size, max_seqlen) if self.chain_steps else None
         self.prefiller = PrefillRunner(self.model, batch_size, max_seqlen)
         self._layout = {}
 
@@ -88,6 +110,11 @@ class DeviceTreeDrafter:
             logits = self.head.mask(logits)
         return logits, acts
 
+    def _acts(self, tokens: torch.Tensor, parents: torch.Tensor):
+        """The commit's activations of the finished tree: a tree pass without the final norm and LM head."""
+        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
+        return self.model.tree_forward(trees, self.state, anc_mask=self.anc, acts_only=True)[1]
+
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
         """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is needed."""
         if not self.supports(shape):
@@ -95,7 +122,34 @@ class DeviceTreeDrafter:
         self._set_shape(shape)
         if shape.kind == "beam":
             return self._draft_beam(roots, sampling)
+        if shape.is_chain and self.chain_steps:
+            return self._draft_chain_steps(roots, sampling, any_sampled)
         return self._draft_static(roots, sampling, any_sampled)
+
+    def _draft_chain_steps(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+        """A chain by one-token steps on a scratch copy of the state, then one tree pass for the commit.
+
+        Node d's children come from the step that fed node d, so ``q`` holds the laws the picks were drawn from.
+        """
+        b, dev = roots.shape[0], roots.device
+        n, vocab = self.shape.num_nodes, self.model.vocab_size
+        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
+        tokens[:, 0] = roots
+        q = torch.zeros(b, n, vocab, device=dev) if any_sampled else None
+        sampled = (sampling.temperature > 0)[:, None, None]
+        self.scratch.copy_from(self.state)
+        for d in range(n - 1):
+            logits = self.model.step(tokens[:, d], self.scratch)
+            if self.head is not None:
+                logits = self.head.mask(logits)
+            rows = logits[:, None]  # [B, 1, V]
+            probs = None
+            if any_sampled:
+                probs = sampling.warp(rows)
+                q[:, d: d + 1] = probs
+            tokens[:, d + 1] = pick_children(rows, probs, 1, sampled, any_sampled, self.generator)[:, 0, 0]
+        self.acts = self._acts(tokens, self.static_parents)
+        return DeviceDraft(tokens, self.static_parents, q, DraftMode.WITHOUT_REPLACEMENT)
 
     def _draft_static(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
         b, dev = roots.shape[0], roots.device
@@ -118,7 +172,7 @@ class DeviceTreeDrafter:
             nxt = self.starts[d + 1]
             tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
         # a sampled child the draft gives no mass (support smaller than the width) could never be drawn
-        _, self.acts = self._logits(tokens, parents)
+        self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, q, DraftMode.WITHOUT_REPLACEMENT)
 
     def _draft_beam(self, roots, sampling: RowSampling) -> DeviceDraft:
@@ -141,7 +195,7 @@ class DeviceTreeDrafter:
             tokens[:, nxt: nxt + m] = top.indices - src * vocab
             parents[:, nxt: nxt + m] = lo + src
             scores = top.values
-        _, self.acts = self._logits(tokens, parents)
+        self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
 
     def commit(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
@@ -167,7 +221,7 @@ class DeviceTreeDrafter:
                                              ancestor_mask(parents) if self._attends else None)
         parents, path, num_nodes, anc = self._layout[("catch_up", n)]
         _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes, is_chain=True), self.state,
-                                          anc_mask=anc)
+                                          anc_mask=anc, acts_only=True)
         self.model.commit(self.state, acts, path, count, min_len=0)
 
 
