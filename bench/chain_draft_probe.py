@@ -12,7 +12,7 @@ import torch
 from stree.bench.common import tee
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import norm_linear
-from stree.kernels.cuda_graph import graphed_us
+from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.model.checkpoint import load_model
@@ -48,18 +48,6 @@ def plain_greedy(n=48):
     return out
 
 
-def replay_us(graph, reps: int = 50) -> float:
-    """Mean GPU microseconds of one replay of a captured step graph (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
-
-
 def engine_for(steps: bool):
     drafter = DeviceTreeDrafter(draft, chain_steps=steps)
     engine = Engine(target, drafter, ["chain:4"], max_batch=1, max_seqlen=512)
@@ -77,7 +65,7 @@ def measure(steps: bool, force: bool) -> dict:
         engine.step()
     graph = next(g for k, g in engine.graphs.items() if k[0] == "tree")
     shape = engine.shapes[0]
-    out = {"step": replay_us(graph),
+    out = {"step": 1e3 * mean_replay_ms(graph),
            "draft": graphed_us([lambda: drafter.draft(shape, engine.roots, engine.sampling, False)], reps=50)}
     state = target.new_state(1, 512)
     nodes = torch.arange(5, device=dev)

@@ -102,55 +102,46 @@ def linear_rows_tile(pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout
     for g in tl.static_range(G):
         lo = g * GS
         rstd = tl.zeros([BM], dtype=tl.float32)
-        if PRO != 0 and UNROLL and NKG == 1:  # the group in one chunk: its rows are loaded once, for both passes
-            ks = lo + tl.arange(0, BK)
-            k_ok = ks < lo + GS
-            m2 = row_ok[:, None] & k_ok[None, :]
-            v = _pre_norm(x_ptr, r_ptr, z_ptr, rows, ks, m2, s_xm, s_xk, s_rm, s_zm, PRO, HAS_RES, NBG)
-            rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / GS + eps)
-            if PDL and g == 0:
-                w = w_first
-            else:
-                w = _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk)
-            acc = _chunk_of(acc, v, rstd, pid, x_ptr, z_ptr, nw_ptr, w, rout_ptr, rows, ks, k_ok, m2, s_zm, s_om,
-                            PRO, NBG)
-        else:
-            if PRO != 0:  # the group's sum of squares, from the few input rows
-                ss = tl.zeros([BM], dtype=tl.float32)
-                for kb in tl.static_range(NKG):
-                    ks = lo + kb * BK + tl.arange(0, BK)
-                    m2 = row_ok[:, None] & (ks < lo + GS)[None, :]
-                    v = _pre_norm(x_ptr, r_ptr, z_ptr, rows, ks, m2, s_xm, s_xk, s_rm, s_zm, PRO, HAS_RES, NBG)
-                    ss += tl.sum(v * v, axis=1)
-                rstd = 1.0 / tl.sqrt(ss / GS + eps)
-            if UNROLL:
-                for kb in tl.static_range(NKG):
-                    ks = lo + kb * BK + tl.arange(0, BK)
-                    k_ok = ks < lo + GS
-                    if PDL and g == 0 and kb == 0:
-                        w = w_first
-                    else:
-                        w = _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk)
+        if PRO != 0:  # the group's sum of squares, from the few input rows
+            ss = tl.zeros([BM], dtype=tl.float32)
+            for kb in tl.static_range(NKG):
+                ks = lo + kb * BK + tl.arange(0, BK)
+                m2 = row_ok[:, None] & (ks < lo + GS)[None, :]
+                v = _pre_norm(x_ptr, r_ptr, z_ptr, rows, ks, m2, s_xm, s_xk, s_rm, s_zm, PRO, HAS_RES, NBG)
+                ss += tl.sum(v * v, axis=1)
+            rstd = 1.0 / tl.sqrt(ss / GS + eps)
+        if UNROLL:
+            for kb in tl.static_range(NKG):
+                ks = lo + kb * BK + tl.arange(0, BK)
+                k_ok = ks < lo + GS
+                if PDL and g == 0 and kb == 0:
+                    w = w_first
+                else:
+                    w = _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk)
+                if PRO != 0 and NKG == 1:  # the group is one chunk: the rows the sum of squares loaded serve again
+                    acc = _chunk_of(acc, v, rstd, pid, x_ptr, z_ptr, nw_ptr, w, rout_ptr, rows, ks, k_ok, m2, s_zm,
+                                    s_om, PRO, NBG)
+                else:
                     acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w, rout_ptr, rows, row_ok, ks, k_ok,
                                  s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
+        else:
+            if PDL and g == 0:  # the prefetched chunk first, then the pipelined loop over the rest
+                ks = lo + tl.arange(0, BK)
+                acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_first, rout_ptr, rows, row_ok, ks,
+                             ks < lo + GS, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
+                for kb in tl.range(1, NKG, num_stages=STAGES):
+                    ks = lo + kb * BK + tl.arange(0, BK)
+                    k_ok = ks < lo + GS
+                    acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
+                                 _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
+                                 k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
             else:
-                if PDL and g == 0:  # the prefetched chunk first, then the pipelined loop over the rest
-                    ks = lo + tl.arange(0, BK)
-                    acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr, w_first, rout_ptr, rows, row_ok, ks,
-                                 ks < lo + GS, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
-                    for kb in tl.range(1, NKG, num_stages=STAGES):
-                        ks = lo + kb * BK + tl.arange(0, BK)
-                        k_ok = ks < lo + GS
-                        acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
-                                     _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
-                                     k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
-                else:
-                    for kb in tl.range(NKG, num_stages=STAGES):
-                        ks = lo + kb * BK + tl.arange(0, BK)
-                        k_ok = ks < lo + GS
-                        acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
-                                     _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
-                                     k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
+                for kb in tl.range(NKG, num_stages=STAGES):
+                    ks = lo + kb * BK + tl.arange(0, BK)
+                    k_ok = ks < lo + GS
+                    acc = _chunk(acc, rstd, pid, x_ptr, r_ptr, z_ptr, nw_ptr,
+                                 _w_chunk(w_ptr, cols, col_ok, ks, k_ok, s_wn, s_wk), rout_ptr, rows, row_ok, ks,
+                                 k_ok, s_xm, s_xk, s_rm, s_zm, s_om, PRO, HAS_RES, NBG)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * s_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty),

@@ -17,25 +17,12 @@ import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.bench.common import add_pair_args, record_meta, save_record
-from stree.kernels.cuda_graph import graphed_us
+from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.model.checkpoint import load_model
 
 PHASES = ("stree.draft", "stree.target_tree_pass", "stree.verify", "stree.target_commit", "stree.draft_commit")
-
-
-def _replay_ms(graph, reps: int = 50) -> float:
-    """Mean GPU milliseconds of one replay of a captured graph."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def phase_table(engine: Engine, shape) -> dict:
@@ -206,7 +193,7 @@ def run(args) -> int:
             engine.step()
         key = ("tree", engine.shapes[0], False, False) if spec != "none" else ("none", False, False)
         if key in engine.graphs:
-            record["graph_ms"][label] = _replay_ms(engine.graphs[key])
+            record["graph_ms"][label] = mean_replay_ms(engine.graphs[key])
         if spec != "none":  # the draft alone (greedy), graphed: what the drafter costs per step
             shape = engine.shapes[0]
             record["draft_ms"][label] = graphed_us(

@@ -269,13 +269,11 @@ class StreeLM(WeightsHome, nn.Module):
         if head is None and not return_hidden and isinstance(norm, nn.RMSNorm):
             logits, _ = ops.add_rmsnorm_linear(hidden, residual, norm.weight, norm.eps, last.residual_in_fp32,
                                                self.lm_head.weight, self.lm_head.bias)
+        else:
+            h, _ = last._add_norm(norm, hidden, residual)
+            logits = head.logits(h, self.config.vocab_size) if head is not None else self.lm_head(h)
+        if head is None:  # logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped
             logits = logits[..., : self.config.vocab_size].float()
-            return logits / self.config.logits_scaling if self.config.logits_scaling != 1.0 else logits
-        h, _ = last._add_norm(norm, hidden, residual)
-        if head is not None:
-            logits = head.logits(h, self.config.vocab_size)
-        else:  # logits past the real vocabulary (mamba_ssm pads it to a multiple of 8) are dropped
-            logits = self.lm_head(h)[..., : self.config.vocab_size].float()
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         return (logits, h) if return_hidden else logits

@@ -103,17 +103,20 @@ class DeviceTreeDrafter:
             runner.run(contexts, deliver)
 
     # ----- one draft ----------------------------------------------------------------------------
+    def _trees(self, tokens: torch.Tensor, parents: torch.Tensor) -> TreeBatch:
+        return TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
+
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits outside a trimmed head (VocabTrim) set to -inf."""
+        return self.head.mask(logits) if self.head is not None else logits
+
     def _logits(self, tokens: torch.Tensor, parents: torch.Tensor):
-        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
-        logits, acts = self.model.tree_forward(trees, self.state, anc_mask=self.anc)
-        if self.head is not None:
-            logits = self.head.mask(logits)
-        return logits, acts
+        logits, acts = self.model.tree_forward(self._trees(tokens, parents), self.state, anc_mask=self.anc)
+        return self._masked(logits), acts
 
     def _acts(self, tokens: torch.Tensor, parents: torch.Tensor):
         """The commit's activations of the finished tree: a tree pass without the final norm and LM head."""
-        trees = TreeBatch(tokens, parents, self.depth, self.num_nodes, self.shape.is_chain)
-        return self.model.tree_forward(trees, self.state, anc_mask=self.anc, acts_only=True)[1]
+        return self.model.tree_forward(self._trees(tokens, parents), self.state, anc_mask=self.anc, acts_only=True)[1]
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
         """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is needed."""
@@ -122,36 +125,11 @@ class DeviceTreeDrafter:
         self._set_shape(shape)
         if shape.kind == "beam":
             return self._draft_beam(roots, sampling)
-        if shape.is_chain and self.chain_steps:
-            return self._draft_chain_steps(roots, sampling, any_sampled)
-        return self._draft_static(roots, sampling, any_sampled)
+        return self._draft_static(roots, sampling, any_sampled, by_steps=shape.is_chain and self.chain_steps)
 
-    def _draft_chain_steps(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """A chain by one-token steps on a scratch copy of the state, then one tree pass for the commit.
-
-        Node d's children come from the step that fed node d, so ``q`` holds the laws the picks were drawn from.
-        """
-        b, dev = roots.shape[0], roots.device
-        n, vocab = self.shape.num_nodes, self.model.vocab_size
-        tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
-        tokens[:, 0] = roots
-        q = torch.zeros(b, n, vocab, device=dev) if any_sampled else None
-        sampled = (sampling.temperature > 0)[:, None, None]
-        self.scratch.copy_from(self.state)
-        for d in range(n - 1):
-            logits = self.model.step(tokens[:, d], self.scratch)
-            if self.head is not None:
-                logits = self.head.mask(logits)
-            rows = logits[:, None]  # [B, 1, V]
-            probs = None
-            if any_sampled:
-                probs = sampling.warp(rows)
-                q[:, d: d + 1] = probs
-            tokens[:, d + 1] = pick_children(rows, probs, 1, sampled, any_sampled, self.generator)[:, 0, 0]
-        self.acts = self._acts(tokens, self.static_parents)
-        return DeviceDraft(tokens, self.static_parents, q, DraftMode.WITHOUT_REPLACEMENT)
-
-    def _draft_static(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+    def _draft_static(self, roots, sampling: RowSampling, any_sampled: bool, by_steps: bool = False) -> DeviceDraft:
+        """Level by level: each level's rows scored by a tree pass, or (``by_steps``, chains) by a one-token step on a
+        scratch copy of the state. Either way ``q`` holds the laws the picks were drawn from."""
         b, dev = roots.shape[0], roots.device
         n, vocab = self.shape.num_nodes, self.model.vocab_size
         parents = self.static_parents
@@ -160,10 +138,14 @@ class DeviceTreeDrafter:
         # greedy steps (static) need neither the warped draft law nor its [B, N, V] copy
         q = torch.zeros(b, n, vocab, device=dev) if any_sampled else None
         sampled = (sampling.temperature > 0)[:, None, None]
+        if by_steps:
+            self.scratch.copy_from(self.state)
         for d, w in enumerate(self.shape.widths):
             lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
-            logits, _ = self._logits(tokens, parents)
-            rows = logits[:, lo:hi]  # [B, F, V]
+            if by_steps:  # a chain's level d is node d alone: the step that feeds it scores its child
+                rows = self._masked(self.model.step(tokens[:, d], self.scratch))[:, None]  # [B, 1, V]
+            else:
+                rows = self._logits(tokens, parents)[0][:, lo:hi]  # [B, F, V]
             probs = None
             if any_sampled:
                 probs = sampling.warp(rows)
