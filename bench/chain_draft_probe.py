@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from stree.bench.common import tee
+from stree.bench.common import cancel_all, plain_greedy, tee
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import norm_linear
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
@@ -38,16 +38,6 @@ def forcing(force: bool):
     norm_linear.use_fused = use_fused
 
 
-def plain_greedy(n=48):
-    state = target.new_state(1, 256)
-    target.prefill(torch.tensor([prompt[:-1]], device=dev), state)
-    out, tok = [], prompt[-1]
-    for _ in range(n):
-        tok = int(target.step(torch.tensor([tok], device=dev), state)[0].argmax())
-        out.append(tok)
-    return out
-
-
 def engine_for(steps: bool):
     drafter = DeviceTreeDrafter(draft, chain_steps=steps)
     engine = Engine(target, drafter, ["chain:4"], max_batch=1, max_seqlen=512)
@@ -57,7 +47,7 @@ def engine_for(steps: bool):
 def measure(steps: bool, force: bool) -> dict:
     forcing(force)
     engine, drafter = engine_for(steps)
-    want = plain_greedy()
+    want = plain_greedy(target, prompt)
     got = engine.run([Request(prompt, max_new_tokens=48)])[0].output
     assert got == want, f"chain steps={steps} fused={force}: engine output differs from plain greedy"
     engine.add(Request(prompt, max_new_tokens=400))
@@ -79,11 +69,7 @@ def measure(steps: bool, force: bool) -> dict:
         state.seqlen.copy_(s0)
     out["tree5"] = graphed_us([lambda: target.tree_forward(trees, state)], reps=50)
     out["decode"] = graphed_us([decode], reps=50)
-    for r in engine.slots:
-        if r is not None:
-            r.cancel()
-    while engine.has_work:
-        engine.step()
+    cancel_all(engine)
     return out
 
 

@@ -20,12 +20,14 @@ import triton
 import triton.language as tl
 
 from stree.kernels import pdl
+from stree.kernels.chain_conv_scan_triton import CHAIN_MAX_NODES, chain_scan_setting, launch_chain_conv_scan
 from stree.kernels.pdl import pdl_enter
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
-from stree.kernels.tree_conv_triton import softplus_dt, tree_conv1d_triton, tree_conv_tile
+from stree.kernels.tree_conv_triton import (conv_scan_program, conv_tiles, softplus_dt, store_tree_acts,
+                                            tree_conv1d_triton)
 from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, SMALL_MAX_STATE, c_dot_bt, small_tree_head,
-                                            small_tree_mask, small_tree_ranges, tree_scan_triton)
+                                            small_tree_mask, tree_scan_triton)
 
 FUSED_MAX_NODES = 16
 """Largest padded tree routed to the fused kernel by default (see the module docstring)."""
@@ -42,28 +44,12 @@ def _tree_conv_scan_kernel(
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
-    bh = tl.program_id(0)
-    pid_p = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    g = h // heads_per_group
+    b, h, pid_p, nodes, ok, offs_p, p_ok, offs_s, s_ok, x_ch, b_ch, c_ch = conv_scan_program(
+        N, H, P, S, G, heads_per_group, BN, BP, BS)
     odt = y_ptr.dtype.element_ty
-    nodes, ok, offs_p, p_ok, offs_s, s_ok = small_tree_ranges(pid_p, N, P, S, BN, BP, BS)
-    x_ch = h * P + offs_p
-    b_ch = H * P + g * S + offs_s
-    c_ch = b_ch + G * S
-    xbc_b = xbc_ptr + b * s_xbc[0]
-    cs_b = cs_ptr + b * s_cs[0]
     par_b = par_ptr + b * s_par[0]
-
-    # Conv + SiLU of this program's channels over every node, rounded to the activations' dtype as
-    # the unfused path stores them (zero on padded nodes and channels).
-    xh = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, x_ch, p_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, IS_CHAIN).to(odt)
-    bv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, b_ch, s_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, IS_CHAIN).to(odt)
-    cv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, c_ch, s_ok, s_xbc[1], s_xbc[2],
-                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_par[1], K, HAS_BIAS, IS_CHAIN).to(odt)
+    xh, bv, cv = conv_tiles(xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_b, out_ptr, b, nodes, ok, x_ch, p_ok, b_ch, c_ch,
+                            s_ok, s_xbc, s_cs, s_w, s_par[1], K, HAS_BIAS, IS_CHAIN)
     raw = tl.load(dtr_ptr + b * s_dtr[0] + nodes * s_dtr[1] + h * s_dtr[2], mask=ok, other=0.0).to(tl.float32)
     a = tl.where(ok, softplus_dt(raw + tl.load(dtb_ptr + h).to(tl.float32), dt_lo, dt_hi, CLAMP), 0.0)
 
@@ -72,27 +58,10 @@ def _tree_conv_scan_kernel(
     y = small_tree_head(anc, cb, cv.to(tl.float32), a, xh.to(tl.float32), A_ptr, D_ptr, h0_ptr + b * s_h0[0],
                         s_h0, h, offs_p, p_ok, offs_s, s_ok, HALF)
 
-    xp_ok = ok[:, None] & p_ok[None, :]
     tl.store(y_ptr + b * s_y[0] + nodes[:, None] * s_y[1] + h * s_y[2] + offs_p[None, :] * s_y[3],
-             y.to(odt), mask=xp_ok)
-    out_b = out_ptr + b * s_out[0] + nodes[:, None] * s_out[1]
-    tl.store(out_b + x_ch[None, :] * s_out[2], xh.to(out_ptr.dtype.element_ty), mask=xp_ok)
-    # a copy of the pre-conv inputs for a stacked commit (every layer's replay reads them from one tensor)
-    node_in = xbc_b + nodes[:, None] * s_xbc[1]
-    pre_b = pre_ptr + b * s_pre[0] + nodes[:, None] * s_pre[1]
-    if HAS_PRE:
-        tl.store(pre_b + x_ch[None, :] * s_pre[2], tl.load(node_in + x_ch[None, :] * s_xbc[2], mask=xp_ok), mask=xp_ok)
-    if pid_p == 0:
-        tl.store(dt_ptr + b * s_dt[0] + nodes * s_dt[1] + h * s_dt[2], a, mask=ok)
-        if h % heads_per_group == 0:  # the group's first head stores its B and C activations
-            xs_ok = ok[:, None] & s_ok[None, :]
-            tl.store(out_b + b_ch[None, :] * s_out[2], bv.to(out_ptr.dtype.element_ty), mask=xs_ok)
-            tl.store(out_b + c_ch[None, :] * s_out[2], cv.to(out_ptr.dtype.element_ty), mask=xs_ok)
-            if HAS_PRE:
-                tl.store(pre_b + b_ch[None, :] * s_pre[2], tl.load(node_in + b_ch[None, :] * s_xbc[2], mask=xs_ok),
-                         mask=xs_ok)
-                tl.store(pre_b + c_ch[None, :] * s_pre[2], tl.load(node_in + c_ch[None, :] * s_xbc[2], mask=xs_ok),
-                         mask=xs_ok)
+             y.to(odt), mask=ok[:, None] & p_ok[None, :])
+    store_tree_acts(out_ptr, dt_ptr, pre_ptr, xbc_ptr + b * s_xbc[0], b, h, pid_p, heads_per_group, nodes, ok,
+                    x_ch, p_ok, b_ch, c_ch, s_ok, xh, bv, cv, a, s_xbc, s_out, s_dt, s_pre, HAS_PRE)
 
 
 def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, D, ngroups, headdim, ssm_state):
@@ -121,13 +90,15 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
                           A, D, ngroups, headdim, ssm_state, *, out=None, pre=None, max_fused_nodes=FUSED_MAX_NODES,
-                          is_chain=False, block_p=None, num_warps=None):
+                          is_chain=False, block_p=None, num_warps=None, chain_max_nodes=None):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
     ``out = (y, xbc, dt)`` (optional; a None entry is allocated) receives the outputs, ``pre`` (optional,
     ``[B, N, C]``) a copy of ``xBC`` for the commit. Trees over ``max_fused_nodes`` (at most
     ``SMALL_MAX_NODES``) nodes run the two unfused kernels. ``is_chain=True`` treats every tree as the
     chain ``parents[i] = i - 1`` (no parent loads, no mask closure); ``block_p``/``num_warps`` tune the tile.
+    Chains of up to ``chain_max_nodes`` nodes (default ``CHAIN_MAX_NODES``, 0 under ``STREE_CHAIN_SCAN=tile``) run
+    the sequential chain kernel (``chain_conv_scan_triton``) instead of the whole-tree tile.
     """
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
@@ -153,11 +124,15 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y, is_chain=is_chain)
         return y, xbc, dt
     lo, hi = dt_limit
-    bn = max(16, triton.next_power_of_2(n))
     half = xBC.dtype in (torch.float16, torch.bfloat16)
-    # tiles measured fastest on the H100 (2026-11-24): fp32 demo target 8.1 us at 16 channels x 4 warps
-    # (9.7 at 32 x 4), bf16 Mamba2-2.7B 9.0 us at 64 x 8 (10.9 at 32 x 4)
-    bp = block_p or (min(64, max(16, triton.next_power_of_2(p))) if half else 16)
+    if chain_max_nodes is None:
+        chain_max_nodes = CHAIN_MAX_NODES if chain_scan_setting() == "seq" else 0
+    bp = _block_p(p, xBC.dtype, block_p)
+    if is_chain and n <= chain_max_nodes:
+        launch_chain_conv_scan(xBC, conv_state, conv_w, conv_b, dt_raw, dt_bias, A, D, ssm_state, y, xbc, dt, pre,
+                      h, p, s, ngroups, lo, hi, width, half, bp, num_warps)
+        return y, xbc, dt
+    bn = max(16, triton.next_power_of_2(n))
     _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](
         xBC, conv_state, conv_w, conv_b if conv_b is not None else conv_w, parents, dt_raw, dt_bias, A, D,
         ssm_state, y, xbc, dt, pre if pre is not None else xbc,
@@ -171,3 +146,10 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         **pdl.launch_args(),
     )
     return y, xbc, dt
+
+
+def _block_p(p: int, dtype: torch.dtype, block_p=None) -> int:
+    """Headdim channels per program. Tiles measured fastest on the H100 (2026-11-24): fp32 demo target 8.1 us at
+    16 channels x 4 warps (9.7 at 32 x 4), bf16 Mamba2-2.7B 9.0 us at 64 x 8 (10.9 at 32 x 4)."""
+    return block_p or (min(64, max(16, triton.next_power_of_2(p))) if dtype in (torch.float16, torch.bfloat16) else 16)
+

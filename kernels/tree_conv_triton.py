@@ -45,6 +45,66 @@ def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
 
 
 @triton.jit
+def conv_tiles(xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_b, out_ptr, b, nodes, ok, x_ch, p_ok, b_ch, c_ch, s_ok,
+               s_xbc, s_cs, s_w, s_pn, K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr):
+    """``(x, B, C)``: conv + SiLU of a fused tree conv + scan program's channels over every node of sequence ``b``,
+    rounded to the stored activations' dtype (``out_ptr``'s), zero on padded nodes and channels."""
+    xbc_b = xbc_ptr + b * s_xbc[0]
+    cs_b = cs_ptr + b * s_cs[0]
+    odt = out_ptr.dtype.element_ty
+    xh = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, x_ch, p_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_pn, K, HAS_BIAS, IS_CHAIN).to(odt)
+    bv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, b_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_pn, K, HAS_BIAS, IS_CHAIN).to(odt)
+    cv = tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, nodes, ok, c_ch, s_ok, s_xbc[1], s_xbc[2],
+                        s_cs[1], s_cs[2], s_w[0], s_w[1], s_pn, K, HAS_BIAS, IS_CHAIN).to(odt)
+    return xh, bv, cv
+
+
+@triton.jit
+def conv_scan_program(N, H, P, S, G, heads_per_group, BN: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr):
+    """Where a fused tree conv + scan program (grid: sequence x head, headdim block) works: ``(b, h, pid_p, nodes,
+    ok, offs_p, p_ok, offs_s, s_ok, x_ch, b_ch, c_ch)``, the last three its x, B and C channels in ``xBC``."""
+    bh = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    g = h // heads_per_group
+    nodes = tl.arange(0, BN)
+    offs_p = pid_p * BP + tl.arange(0, BP)
+    offs_s = tl.arange(0, BS)
+    x_ch = h * P + offs_p
+    b_ch = H * P + g * S + offs_s
+    return b, h, pid_p, nodes, nodes < N, offs_p, offs_p < P, offs_s, offs_s < S, x_ch, b_ch, b_ch + G * S
+
+
+@triton.jit
+def store_tree_acts(out_ptr, dt_ptr, pre_ptr, xbc_b, b, h, pid_p, heads_per_group, nodes, ok, x_ch, p_ok, b_ch, c_ch,
+                    s_ok, xh, bv, cv, a, s_xbc, s_out, s_dt, s_pre, HAS_PRE: tl.constexpr):
+    """What one fused tree conv + scan program leaves for the commit: its x channels' post-conv values, dt (headdim
+    block 0), the group's B and C (its first head), and with ``HAS_PRE`` a copy of the pre-conv inputs (a stacked
+    commit replays every layer from one tensor). Nothing is written twice."""
+    xp_ok = ok[:, None] & p_ok[None, :]
+    out_b = out_ptr + b * s_out[0] + nodes[:, None] * s_out[1]
+    tl.store(out_b + x_ch[None, :] * s_out[2], xh.to(out_ptr.dtype.element_ty), mask=xp_ok)
+    node_in = xbc_b + nodes[:, None] * s_xbc[1]
+    pre_b = pre_ptr + b * s_pre[0] + nodes[:, None] * s_pre[1]
+    if HAS_PRE:
+        tl.store(pre_b + x_ch[None, :] * s_pre[2], tl.load(node_in + x_ch[None, :] * s_xbc[2], mask=xp_ok), mask=xp_ok)
+    if pid_p == 0:
+        tl.store(dt_ptr + b * s_dt[0] + nodes * s_dt[1] + h * s_dt[2], a, mask=ok)
+        if h % heads_per_group == 0:
+            xs_ok = ok[:, None] & s_ok[None, :]
+            tl.store(out_b + b_ch[None, :] * s_out[2], bv.to(out_ptr.dtype.element_ty), mask=xs_ok)
+            tl.store(out_b + c_ch[None, :] * s_out[2], cv.to(out_ptr.dtype.element_ty), mask=xs_ok)
+            if HAS_PRE:
+                tl.store(pre_b + b_ch[None, :] * s_pre[2], tl.load(node_in + b_ch[None, :] * s_xbc[2], mask=xs_ok),
+                         mask=xs_ok)
+                tl.store(pre_b + c_ch[None, :] * s_pre[2], tl.load(node_in + c_ch[None, :] * s_xbc[2], mask=xs_ok),
+                         mask=xs_ok)
+
+
+@triton.jit
 def softplus_dt(v, dt_lo, dt_hi, CLAMP: tl.constexpr):
     """``softplus(v)`` (``v = dt_raw + dt_bias`` in fp32), clamped to ``[dt_lo, dt_hi]`` when ``CLAMP``."""
     v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))

@@ -40,10 +40,11 @@ def kernel_settings() -> dict:
     them, since its ``command`` does not show the environment)."""
     from stree.drafter_service.drafters.mamba.device_draft import chain_draft_setting
     from stree.kernels import backend, pdl
+    from stree.kernels.chain_conv_scan_triton import chain_scan_setting
     from stree.kernels.mamba_block_step import block_step_setting
 
     return {"STREE_PDL": pdl.setting(), "STREE_BLOCK_STEP": block_step_setting(),
-            "STREE_CHAIN_DRAFT": chain_draft_setting(),
+            "STREE_CHAIN_DRAFT": chain_draft_setting(), "STREE_CHAIN_SCAN": chain_scan_setting(),
             "STREE_KERNELS": backend.resolve("cuda") if torch.cuda.is_available() else backend.resolve("cpu")}
 
 
@@ -107,3 +108,25 @@ def random_block_params(d: int, heads: int, headdim: int, d_state: int, dtype: t
         rnd(c), rnd(heads, dt=torch.float32) - 2.0,
         -torch.exp(torch.rand(heads, device=device, generator=generator) * 2.7), rnd(heads, dt=torch.float32), 1,
         (0.0, float("inf")), rnd(d_ssm).abs() + 0.5, d_ssm, 1e-5, False, rnd(d, d_ssm, scale=d_ssm ** -0.5), None)
+
+
+def plain_greedy(model, prompt: list[int], n: int = 48) -> list[int]:
+    """``n`` tokens of plain greedy decoding after ``prompt`` (prefill, then one-token steps): what the GPU probes in
+    ``bench/`` check an engine's greedy output against before they time it."""
+    dev = model.device
+    state = model.new_state(1, len(prompt) + n + 8)
+    model.prefill(torch.tensor([prompt[:-1]], device=dev), state)
+    out, tok = [], prompt[-1]
+    for _ in range(n):
+        tok = int(model.step(torch.tensor([tok], device=dev), state)[0].argmax())
+        out.append(tok)
+    return out
+
+
+def cancel_all(engine) -> None:
+    """Cancel every request an engine runs and step it until it is idle (a probe's timed engine, afterwards)."""
+    for r in engine.slots:
+        if r is not None:
+            r.cancel()
+    while engine.has_work:
+        engine.step()

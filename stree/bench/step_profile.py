@@ -16,7 +16,7 @@ import json
 import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
-from stree.bench.common import add_pair_args, record_meta, save_record
+from stree.bench.common import add_pair_args, cancel_all, record_meta, save_record
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
@@ -37,11 +37,7 @@ def phase_table(engine: Engine, shape) -> dict:
         for _ in range(5):
             engine.step()
         torch.cuda.synchronize()
-    for r in engine.slots:
-        if r is not None:
-            r.cancel()
-    while engine.has_work:
-        engine.step()
+    cancel_all(engine)
     out = {}
     events = prof.events()
     for name in PHASES:

@@ -170,6 +170,36 @@ def test_fused_tree_conv_scan_matches_reference(dtype, tol, heads, headdim, d_st
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads, headdim, d_state, batch, n", [(8, 64, 64, 1, 5), (80, 64, 128, 1, 5), (80, 64, 128, 4, 3),
+                                                               (8, 32, 48, 3, 8)])
+def test_chain_conv_scan_matches_reference(dtype, tol, heads, headdim, d_state, batch, n):
+    """The sequential chain kernel equals the reference on chains, NaN-poisoned outputs, with the xBC copy."""
+    from stree.bench.launches import count_launches
+    from stree.kernels.compare import rel_err
+    from stree.kernels.tree_conv_scan import tree_conv_scan_ref
+    from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton
+
+    g = torch.Generator(device="cuda").manual_seed(heads * n + batch)
+    c = heads * headdim + 2 * d_state
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, device="cuda", generator=g) * scale).to(dtype)  # noqa: E731
+    parents = (torch.arange(n, device="cuda") - 1).expand(batch, n).contiguous()
+    args = (rnd(batch, n, c), rnd(batch, c, 3), rnd(c, 4, scale=0.5), rnd(c), parents, rnd(batch, n, heads) - 3.0,
+            rnd(heads), (0.0, float("inf")), "silu",
+            -torch.exp(torch.rand(heads, device="cuda", generator=g) * 2.7), torch.randn(heads, device="cuda", generator=g),
+            1, headdim, torch.randn(batch, heads, headdim, d_state, device="cuda", generator=g) * 0.5)
+    want = tree_conv_scan_ref(*args)
+    outs = tuple(torch.full_like(w, float("nan")) for w in want)
+    pre = torch.full_like(args[0], float("nan"))
+    with count_launches() as launched:
+        tree_conv_scan_triton(*args, out=outs, pre=pre, is_chain=True, chain_max_nodes=8)
+    assert launched["triton._chain_conv_scan_kernel"] == 1
+    for got, ref in zip(outs, want):
+        assert torch.isfinite(got).all()
+        assert rel_err(got, ref) < (1e-5 if ref.dtype == torch.float32 and got is outs[2] else tol)
+    assert torch.equal(pre, args[0])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("batch, length", [(1, 130), (16, 77)])
 def test_chunked_prefill_scan_matches_reference(dtype, tol, batch, length):
     """Our prefill scan (64-token chunks; fp32 in 32-node tiles, half in one tile) against the fp32 reference."""

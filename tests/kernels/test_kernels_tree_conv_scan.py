@@ -98,12 +98,13 @@ def test_ops_routing_and_unfused_activation():
 
 @pytest.mark.parametrize("n,block_p", [(5, None), (16, 16)])
 def test_chain_mode_matches_the_reference_on_chains(n, block_p):
-    """``is_chain=True`` (no parent loads, no mask closure) equals the reference on real chains."""
+    """``is_chain=True`` (no parent loads, no mask closure) equals the reference on real chains, in the whole-tree
+    kernel (``chain_max_nodes=0``: short chains would otherwise run the sequential chain kernel)."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     parents = (torch.arange(n) - 1).expand(2, n).contiguous()
     args = _inputs(gen, parents, 2, 40, 1, 12, 4, True, (0.0, float("inf")))
     with count_launches() as c:
-        _check(args, is_chain=True, block_p=block_p, num_warps=2)
+        _check(args, is_chain=True, block_p=block_p, num_warps=2, chain_max_nodes=0)
     assert c["triton._tree_conv_scan_kernel"] == 1
 
 
