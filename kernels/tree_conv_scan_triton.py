@@ -127,10 +127,10 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     half = xBC.dtype in (torch.float16, torch.bfloat16)
     if chain_max_nodes is None:
         chain_max_nodes = CHAIN_MAX_NODES if chain_scan_setting() == "seq" else 0
-    bp = _block_p(p, xBC.dtype, block_p)
+    bp = _block_p(p, half, block_p)
     if is_chain and n <= chain_max_nodes:
         launch_chain_conv_scan(xBC, conv_state, conv_w, conv_b, dt_raw, dt_bias, A, D, ssm_state, y, xbc, dt, pre,
-                      h, p, s, ngroups, lo, hi, width, half, bp, num_warps)
+                               h, p, s, ngroups, lo, hi, width, half, bp, num_warps)
         return y, xbc, dt
     bn = max(16, triton.next_power_of_2(n))
     _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](
@@ -148,8 +148,7 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     return y, xbc, dt
 
 
-def _block_p(p: int, dtype: torch.dtype, block_p=None) -> int:
-    """Headdim channels per program. Tiles measured fastest on the H100 (2026-11-24): fp32 demo target 8.1 us at
-    16 channels x 4 warps (9.7 at 32 x 4), bf16 Mamba2-2.7B 9.0 us at 64 x 8 (10.9 at 32 x 4)."""
-    return block_p or (min(64, max(16, triton.next_power_of_2(p))) if dtype in (torch.float16, torch.bfloat16) else 16)
-
+def _block_p(p: int, half: bool, block_p=None) -> int:
+    """Headdim channels per program (``block_p`` if given). Tiles measured fastest on the H100 (2026-11-24): fp32 demo
+    target 8.1 us at 16 channels x 4 warps (9.7 at 32 x 4), bf16 Mamba2-2.7B 9.0 us at 64 x 8 (10.9 at 32 x 4)."""
+    return block_p or (min(64, max(16, triton.next_power_of_2(p))) if half else 16)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from stree.kernels import pdl
 from stree.kernels.pdl import pdl_enter
+from stree.kernels.tree_scan_triton import small_tree_ranges
 
 
 @triton.jit
@@ -70,12 +71,10 @@ def conv_scan_program(N, H, P, S, G, heads_per_group, BN: tl.constexpr, BP: tl.c
     b = bh // H
     h = bh % H
     g = h // heads_per_group
-    nodes = tl.arange(0, BN)
-    offs_p = pid_p * BP + tl.arange(0, BP)
-    offs_s = tl.arange(0, BS)
+    nodes, ok, offs_p, p_ok, offs_s, s_ok = small_tree_ranges(pid_p, N, P, S, BN, BP, BS)
     x_ch = h * P + offs_p
     b_ch = H * P + g * S + offs_s
-    return b, h, pid_p, nodes, nodes < N, offs_p, offs_p < P, offs_s, offs_s < S, x_ch, b_ch, b_ch + G * S
+    return b, h, pid_p, nodes, ok, offs_p, p_ok, offs_s, s_ok, x_ch, b_ch, b_ch + G * S
 
 
 @triton.jit
