@@ -25,7 +25,7 @@ from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
 from stree.drafter_service.drafters.oracle_self import SelfOracleDrafter
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
-from stree.verifier.decode.loop import generate, warm_up_engines
+from stree.verifier.decode.loop import generate, release_engines, warm_up_engines
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.verifier.model.tokenizer import load_tokenizer
@@ -132,9 +132,12 @@ def oracle_rows(args, device, dtype) -> list[dict]:
     for b in tqdm(args.batch_sizes, desc=f"oracle {args.oracle_shape}", file=sys.stderr):
         prompts = [torch.randint(0, shape["vocab_size"], (args.oracle_prompt_len,), generator=g).tolist()
                    for _ in range(b)]
+        reset_peak_memory(device)
         plain = timed(model, prompts, None, b, n + k + 1, 0.0)
         conts = plain.pop("outputs")
         prefill_s = timed(model, prompts, None, b, 1, 0.0)["elapsed_s"]  # admission (prefill) + one step
+        plain["gpu_peak_gib"] = peak_memory_gib(device)
+        release_engines(model)  # one engine's SSM state is 10 GiB at batch 64: keep one alive at a time
 
         def decode_rate(res: dict) -> float:
             """Tokens/s after admission: mamba_ssm's anchor is a decode step, so prefill is left out of both."""
@@ -154,16 +157,20 @@ def oracle_rows(args, device, dtype) -> list[dict]:
                          prefill_and_first_step_s=prefill_s,
                          speedup_vs_mamba_ssm=plain["decode_tokens_per_s"] / ref_tps if ref_tps else None))
         for name, shapes in trees.items():
+            reset_peak_memory(device)
             oracle = OracleDeviceDrafter(shape["vocab_size"], k, shapes, device)
             if len(shapes) == 1:  # one tree: the target drafting for itself on it writes the continuation
                 made = generate(model, prompts, drafter=SelfOracleDrafter(model, shapes[0], k),
                                 max_new_tokens=n + k + 1, max_batch=b)
+                release_engines(model)
                 for p, o in zip(prompts, made):
                     oracle.set_continuation(p, o.token_ids)
                 rounds = 0
             else:  # auto mixes plain steps and trees: no one continuation fits every choice in bf16
                 rounds = settle_oracle(model, prompts, conts, oracle, b, args.oracle_settle_rounds)
             spec = timed(model, prompts, oracle, b, n, 0.0)
+            release_engines(model)
+            spec["gpu_peak_gib"] = peak_memory_gib(device)
             outs = spec.pop("outputs")
             spec["decode_tokens_per_s"] = decode_rate(spec)
             rows.append(dict(target=args.oracle_shape, method=name, batch=b, temperature=0.0, target_tau=k + 1,
@@ -173,6 +180,17 @@ def oracle_rows(args, device, dtype) -> list[dict]:
                              speedup_vs_plain=spec["tokens_per_s"] / plain["tokens_per_s"],
                              speedup_vs_mamba_ssm=spec["decode_tokens_per_s"] / ref_tps if ref_tps else None))
     return rows
+
+
+def reset_peak_memory(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device) -> float | None:
+    """The most GPU memory allocated since ``reset_peak_memory`` (GiB; None on the CPU): recorded per row, since
+    at the 2.7B shape and batch 64 a state is 10 GiB and the rows once ran out of memory."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def settle_oracle(model, prompts, conts, oracle, batch: int, rounds: int) -> int:

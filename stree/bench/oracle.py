@@ -35,18 +35,39 @@ TAUS = (2, 3, 4, 6)
 
 
 def make_target(shape: str, device, dtype) -> StreeLM:
-    """Random weights, built on ``device``: mamba_ssm's init with its residual rescaling, and an untied LM head.
+    """Random weights, built on ``device``: mamba_ssm's init with its residual rescaling, an untied LM head, and
+    planted successors (``plant_successors_``) so that bf16 rounding cannot change a greedy choice.
 
-    The rescaling keeps the random model's greedy choices away from near-ties that bf16 rounding in
-    the tree pass would decide differently from the one-token step; the untied head keeps its greedy
-    continuation from repeating one token. Neither changes the cost of a step.
+    A step's cost does not depend on the weights' values. Without the plant, the random model's top two logits were
+    ~0.1 standard deviations apart, and a tree pass rounds differently from a one-token step (their bf16 logits
+    differ by ~2 %): outputs that mix the two (``--tree auto``) left any registered continuation within a few
+    tokens, so the oracle was wrong from there on (BENCHMARKS.md §0g, §0q).
     """
     s = SHAPES[shape]
     cfg = ModelConfig(d_model=s["d_model"], n_layer=s["n_layer"], vocab_size=s["vocab_size"], tie_embeddings=False,
                       ssm_cfg={"layer": "Mamba2", "d_state": s["d_state"], "headdim": s["headdim"]})
     with torch.device(device):
         model = StreeLM(cfg)
-    return random_init_(model, 0, rescale_residual=True).to(dtype=dtype).eval()
+    random_init_(model, 0, rescale_residual=True)
+    return plant_successors_(model, 0).to(dtype=dtype).eval()
+
+
+@torch.no_grad()
+def plant_successors_(model: StreeLM, seed: int) -> StreeLM:
+    """Give each token a successor the random model prefers by a wide margin (a random permutation of the vocabulary).
+
+    Embeddings are drawn N(0, 1) (PyTorch's default, against mamba_ssm's 0.02), so the current token's embedding
+    dominates the residual stream through every layer; the LM head row of its successor gets that embedding's
+    direction added at the rows' mean norm. The greedy choice then leads the runner-up by many standard deviations
+    of the logits (measured on the CPU at d_model 1024 x 64 layers: ~15 against 0.1 without it) while the
+    continuation stays 128 distinct tokens, and fp32 and bf16 greedy decoding agree.
+    """
+    emb, head = model.backbone.embedding.weight, model.lm_head.weight
+    g = torch.Generator(device=emb.device).manual_seed(seed + 1)
+    emb.normal_(0.0, 1.0, generator=g)
+    successor = torch.randperm(emb.shape[0], generator=g, device=emb.device)
+    head[successor] += emb / emb.norm(dim=1, keepdim=True) * head.norm(dim=1).mean()
+    return model
 
 
 def greedy_refresher(model: StreeLM, length: int, max_seqlen: int):

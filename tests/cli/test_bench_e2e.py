@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from stree.cli import main
 from stree.bench.prompt_sets import load_prompt_set
+from stree.verifier.decode.loop import generate
 
 DATA = {"mt_bench": {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
         "gsm8k": {"question": "What is 2 + 3?", "answer": "5\n#### 5"},
@@ -86,6 +88,27 @@ def test_batch_bench_oracle_rows_follow_their_continuation_at_exactly_tau(tmp_pa
     assert len(fixed) == 4
     for r in fixed:
         assert r["followed_continuation"] == 1.0 and r["tau"] == pytest.approx(4.0), r
+
+
+@pytest.mark.parametrize("planted", [True, False])
+def test_oracle_target_greedy_choices_survive_bf16_rounding(planted):
+    """The benchmark target's planted successors: fp32 and bf16 greedy decoding agree token for token over a
+    continuation of distinct tokens; without the plant the same random model's two runs part early."""
+    from stree.bench.oracle import plant_successors_
+    from stree.verifier.model.checkpoint import random_init_
+    from stree.verifier.model.config import ModelConfig
+    from stree.verifier.model.lm import StreeLM
+
+    cfg = ModelConfig(d_model=128, n_layer=16, vocab_size=4096, tie_embeddings=False,
+                      ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 32})
+    model = random_init_(StreeLM(cfg), 0, rescale_residual=True)
+    if planted:
+        plant_successors_(model, 0)
+    prompt = torch.randint(0, 4096, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    full = generate(model.eval(), prompt, max_new_tokens=48).token_ids
+    half = generate(model.to(torch.bfloat16), prompt, max_new_tokens=48).token_ids
+    assert len(set(full)) == len(full)
+    assert (half == full) is planted
 
 
 def test_batch_bench_pair_rows_per_admission_hold(tmp_path, jsonl_files):

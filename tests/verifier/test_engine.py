@@ -372,6 +372,27 @@ def test_a_named_drafter_keeps_one_engine_across_generate_calls(models):
     assert len(model.__dict__["_stree_engines"]) == len(engines) + 1  # other options: another drafter
 
 
+def test_release_engines_forgets_one_drafters_engine_or_all(models):
+    """release_engines drops the cached engine of the drafter named (the others stay and still serve exactly),
+    or every cached engine; a later generate builds afresh and is still exact."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+    from stree.verifier.decode.loop import generate, release_engines
+
+    model = models["mamba2"]
+    model.__dict__.pop("_stree_engines", None)
+    prompt = [3, 5, 7]
+    mine, other = (OracleDeviceDrafter(model.vocab_size, 1, "chain:2", model.device) for _ in range(2))
+    generate(model, prompt, drafter=mine, max_new_tokens=6)
+    kept = generate(model, prompt, drafter=other, max_new_tokens=6)
+    cache = model.__dict__["_stree_engines"]
+    assert set(cache) == {id(mine), id(other)}
+    assert release_engines(model, mine) == 1 and set(cache) == {id(other)}
+    assert release_engines(model, mine) == 0
+    assert generate(model, prompt, drafter=other, max_new_tokens=6).token_ids == kept.token_ids
+    assert release_engines(model) == 1 and not cache
+    assert generate(model, prompt, drafter=mine, max_new_tokens=9).token_ids == _reference(model, prompt, 9)
+
+
 def test_an_engine_whose_drafter_was_taken_over_refuses_to_step(models):
     """Two engines over one device drafter would share its slot state: the later one owns it, and the
     earlier one raises instead of drafting from state it no longer owns."""

@@ -112,7 +112,7 @@ def test_a_retry_runs_min_samples_steps_whose_mean_outweighs_the_old_estimate():
     while not ctl.stats[chain].retrying:  # plain steps until the retry starts (its first sample observed)
         s = ctl.choose()
         ctl.observe(s, tau[str(s)], cost[str(s)])
-    assert ctl.stats[chain].retry_seen == 1 and ctl.choose() == chain
+    assert ctl.stats[chain].retry_samples == 1 and ctl.choose() == chain
     ctl.observe(chain, 3.5, 1.0)
     assert not ctl.stats[chain].retrying and abs(ctl.stats[chain].tau - 2.5) < 1e-9 and before == 0.5
 
@@ -344,3 +344,41 @@ def test_the_sampled_mode_follows_its_own_weight_of_the_newest_sample():
     ctl.observe(shapes[1], 3.0, 1.0, sampled=True)
     ctl.observe(shapes[1], 1.0, 1.0, sampled=True)  # past min_samples: 3 + 0.25 x (1 - 3)
     assert ctl.mode(True).stats[shapes[1]].tau == pytest.approx(2.5)
+
+
+def test_a_step_of_many_sequences_counts_as_that_many_samples():
+    """min_samples counts sequence-steps: at batch 1 a first look is min_samples steps, at batch 2 half as many,
+    at batch >= min_samples one; one step of 8 sequences measures a shape, and its retry is one step too."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    for rows, steps in ((1, 4), (2, 2), (3, 2), (8, 1)):
+        ctl = GoodputController([plain, chain], retry_every=6, min_samples=4)
+        chosen = []
+        for _ in range(12):
+            s = ctl.choose(rows=rows)
+            chosen.append(str(s))
+            ctl.observe(s, 2.0 if s == chain else 1.0, 1.0, emitted=[3 if s == chain else 1] * rows)
+        assert chosen[:2 * steps] == ["none"] * steps + ["chain:3"] * steps, rows
+        assert ctl.mode().measured(chain) and ctl.mode().stats[chain].seen >= steps
+
+
+def test_at_batch_64_a_costly_draft_that_pays_is_looked_at_within_one_short_run():
+    """The 2.7B oracle at batch 64 (H100, §0r): plain 13.2 ms a step, chain:4 35 ms at tau 4. With a 2 % budget a
+    first look priced at four chain steps waited for 330 plain steps, longer than a 128-token run; priced at the
+    one step that measures 64 sequences, it comes within ~90 steps, and then the chain is kept."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:4")
+    cost, tau = {"none": 13.2e-3, "chain:4": 35e-3}, {"none": 1.0, "chain:4": 4.0}
+
+    def first_chain_step(rows: int) -> int | None:
+        ctl = GoodputController([plain, chain], explore_budget=0.02)
+        for s in (plain, chain):
+            ctl.prime(s, False, cost=cost[str(s)])
+        for step in range(400):
+            s = ctl.choose(rows=rows)
+            if s == chain:
+                return step
+            ctl.observe(s, tau[str(s)], cost[str(s)], emitted=[1] * rows)
+        return None
+
+    at_64 = first_chain_step(64)
+    assert at_64 is not None and at_64 <= 100
+    assert (first_chain_step(1) or 10**9) > 300  # one sequence: four steps to measure, a loss four times as large

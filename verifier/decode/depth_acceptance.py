@@ -13,13 +13,14 @@ from typing import Sequence
 
 
 class DepthAcceptance:
-    """``p[d]`` per depth as a running mean: the plain mean of a depth's first ``min_samples`` steps,
-    then an exponential one whose weight per step the caller gives (``observe``)."""
+    """``p[d]`` per depth as a running mean: the plain mean of a depth's first ``min_samples`` samples (a
+    sequence that tried the depth in a step is one), then an exponential one whose weight per step the caller
+    gives (``observe``)."""
 
     def __init__(self, min_samples: int = 4):
         self.min_samples = max(1, int(min_samples))
         self.rate: list[float] = []  # rate[d - 1]: acceptance at depth d given depth d - 1 was accepted
-        self.steps: list[int] = []  # steps that tried depth d
+        self.steps: list[int] = []  # samples (sequence-steps) that tried depth d
 
     def observe(self, depth: int, accepted: Sequence[int], weight: float) -> None:
         """One chain step of ``depth`` drafted tokens; ``accepted``: drafted tokens each sequence accepted;
@@ -33,12 +34,12 @@ class DepthAcceptance:
                 self.rate.append(0.0)
                 self.steps.append(0)
             n = self.steps[d - 1]
-            w = 1.0 / (n + 1) if n < self.min_samples else weight
+            w = tried / (n + tried) if n < self.min_samples else weight
             self.rate[d - 1] += w * (passed / tried - self.rate[d - 1])
-            self.steps[d - 1] = n + 1
+            self.steps[d - 1] = n + tried
 
     def known(self, depth: int) -> bool:
-        """Whether depths 1..``depth`` each have ``min_samples`` steps behind their rate."""
+        """Whether depths 1..``depth`` each have ``min_samples`` samples behind their rate."""
         return depth <= len(self.steps) and all(n >= self.min_samples for n in self.steps[:depth])
 
     def tau(self, depth: int) -> float:

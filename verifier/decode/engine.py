@@ -31,6 +31,7 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.admission import AdmissionCosts, check_hold_steps, should_hold, steps_to_finish
 from stree.verifier.decode.goodput import GoodputController
+from stree.verifier.decode.drain import draft_finishes_later, sequence_taus
 from stree.verifier.decode.verify_device import verify_batch
 from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets
 from stree.verifier.model.graphed_prefill import PrefillRunner
@@ -77,6 +78,7 @@ class Request:
     steps: int = 0
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    draft_steps: int = 0  # steps that drafted for it (its own acceptance: verifier/decode/drain.py)
     accepted_per_pos: list[int] = field(default_factory=list)
     drafter_fallbacks: int = 0
     host_drafted: int = 0  # nodes below the root in this step's host tree
@@ -197,9 +199,9 @@ class Engine:
         self.step_costs: dict = {}  # step graph key -> seconds per replay, timed at capture (goodput priors)
         self.tau_prior: dict = {}  # (sampled, shape) -> (tau, retry_every) learned earlier (another engine, before warm_up)
         self.depth_prior: dict = {}  # sampled -> DepthAcceptance of chain drafts learned earlier (likewise)
-        self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
         # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
-        self.defer_drafter = self.lazy and self.goodput is not None
+        self.defer_drafter = self.lazy and bool(goodput) and len(self.shapes) > 1
+        self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
         # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
         self.generator = None if self.cuda else torch.Generator()
         self.reseed(seed)
@@ -230,7 +232,12 @@ class Engine:
     def _guess_refresh(self, ctl: GoodputController) -> None:
         """Until ``ctl`` measures a drafter refresh, it takes one to cost the refresh ``warm_up`` timed, else an
         admission (a prefill of the target too: an overestimate that delayed auto's first drafts by hundreds of
-        steps on the H100, BENCHMARKS.md §0p)."""
+        steps on the H100, BENCHMARKS.md §0p). A drafter that is never deferred follows every step and is never
+        refreshed: nothing (an admission's guess kept auto on plain decoding through whole 128-token runs of the
+        2.7B oracle, whose drafts were free and right to depth 3, §0r)."""
+        if not self.defer_drafter:
+            ctl.guess_refresh(0.0)
+            return
         guess = self.refresh_guess_s if self.refresh_guess_s is not None else self.admission_costs.admit_s
         if guess is not None:
             ctl.guess_refresh(guess)
@@ -676,8 +683,26 @@ class Engine:
         if self.host:
             return self.shapes[-1]
         if self.goodput is not None:
-            return self.goodput.choose(sampled)
+            shape = self.goodput.choose(sampled, self.num_running)
+            if shape.kind != "none" and not self.waiting and self.num_running > 1 and self._drain_prefers_plain(
+                    shape, sampled):
+                self.metrics["drain_plain_steps"] += 1
+                self.goodput.mode(sampled).ran_instead(PLAIN)
+                return PLAIN
+            return shape
         return self.shapes[0]
+
+    def _drain_prefers_plain(self, shape: TreeShape, sampled: bool) -> bool:
+        """With nothing waiting, whether plain decoding finishes the running set sooner than the draft ``shape``
+        that goodput control chose on merit (``verifier/decode/drain.py``); retries and first looks run as chosen."""
+        mode = self.goodput.mode(sampled)
+        if shape != mode.current or PLAIN not in mode.stats:
+            return False
+        running = [r for r in self.slots if r is not None and not r.done]
+        taus = sequence_taus(mode.stats[shape].tau, [r.num_accepted_draft_tokens for r in running],
+                             [r.draft_steps for r in running])
+        remaining = [r.max_new_tokens - len(r.output) for r in running]
+        return draft_finishes_later(remaining, taus, mode.stats[shape].cost, mode.stats[PLAIN].cost)
 
     def _launch(self, t0: float, shape: TreeShape, any_sampled: bool) -> _Launched:
         # sampled steps warp with or without the top-k/top-p sorts: one graph each (the last key element)
@@ -749,6 +774,7 @@ class Engine:
             drafted = step.drafted if step.shape.kind != "host" else req.host_drafted
             req.num_draft_tokens += drafted
             req.num_accepted_draft_tokens += len(new) - 1
+            req.draft_steps += drafted > 0
             for pos in range(len(new) - 1):
                 if pos == len(req.accepted_per_pos):
                     req.accepted_per_pos.append(0)

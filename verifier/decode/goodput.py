@@ -2,10 +2,11 @@
 
 For every candidate shape (plain decoding included) the controller keeps a running mean of the
 tokens a step emits per sequence (tau, the bonus counted) and of what a step costs. Each shape is
-first measured for ``min_samples`` steps (their plain mean): one step's tau is too noisy to decide on
+first measured for ``min_samples`` sequence-steps (their plain mean; a step of B running sequences is
+B of them, so at batch >= 4 one step will do): one sequence's tau in one step is too noisy to decide on
 (measured on the H100: a single exploring step put chain:4 at tau 1.5 where it averages 2.9, so auto
 kept plain decoding where chain:4 was 1.10-1.15x faster). Then it picks ``argmax tau / cost``; a
-shape not tried for a while is retried for ``min_samples`` steps (their mean then outweighs the old
+shape not tried for a while is retried for as many steps (their mean then outweighs the old
 estimate 4 to 1), so a change in acceptance (a new prompt, a new domain) is noticed. A retry that
 loses again doubles that shape's retry interval (up to ``max_retry_every``), so a drafter that never
 pays costs ever less; one that wins resets it. Retries
@@ -66,7 +67,8 @@ class _Running:
     last_step: int = -1
     retry_every: int = 256
     retrying: bool = False
-    retry_seen: int = 0  # samples of the retry under way
+    samples: int = 0  # sequence-steps observed (a step of B running sequences is B samples)
+    retry_samples: int = 0  # sequence-steps of the retry under way
     last_clock: float = 0.0  # the controller's clock (measured seconds) at its last sample
     known_cost: bool = False  # ``cost`` came from a timed replay before this shape's first step
     primed: bool = False  # ``tau`` came from an earlier engine's measurement
@@ -114,6 +116,7 @@ class ShapeChooser:
         self._any_known_cost = False  # some shape's cost came from a timed replay (``prime``)
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
+        self.rows = 1  # sequences in the step being chosen (``choose``): a burst is as many steps as give min_samples
 
     def rate(self, shape: TreeShape) -> float:
         """Expected tokens per second per sequence of ``shape``, as measured so far."""
@@ -131,7 +134,7 @@ class ShapeChooser:
         if shape not in self.stats:
             return
         r = self.stats[shape]
-        if r.seen:
+        if r.samples:
             return
         if cost is not None and cost > 0 and not r.known_cost:
             r.cost, r.known_cost = float(cost), True
@@ -154,7 +157,7 @@ class ShapeChooser:
 
     def _remeasure(self, r: _Running) -> None:
         """Recompute ``r.measured`` (after its steps, cost, prime or pooling changed)."""
-        r.measured = r.seen >= self.min_samples or (r.known_cost and (r.primed or r.pooled or r.shape.kind == "none"))
+        r.measured = r.samples >= self.min_samples or (r.known_cost and (r.primed or r.pooled or r.shape.kind == "none"))
 
     def _best_row(self, known: list[_Running] | None = None) -> _Running:
         """The row with the best rate among ``known`` (the measured rows, found here if not given), or among
@@ -167,8 +170,18 @@ class ShapeChooser:
         """The measured shape with the best rate (any shape while none is measured)."""
         return self._best_row().shape
 
-    def choose(self) -> TreeShape:
+    def burst_steps(self) -> int:
+        """Steps of a first look or a retry: enough for ``min_samples`` sequence-steps at ``rows`` sequences a step.
+
+        A step's tau is the mean over its sequences, so at batch 64 one step measures as much as 64 steps of one
+        sequence; counted in steps, the first look at a draft that costs 2.7 steps was priced at four such steps,
+        and a 128-token run at the 2.7B shape never afforded it (BENCHMARKS.md §0r)."""
+        return max(1, -(-self.min_samples // self.rows))
+
+    def choose(self, rows: int = 1) -> TreeShape:
+        """The shape of the next step, which runs ``rows`` sequences."""
         self.step += 1
+        self.rows = max(1, int(rows))
         if self.burst:
             return self._pop_burst()
         known = [r for r in self._rows if r.measured]
@@ -179,7 +192,7 @@ class ShapeChooser:
                     return first
         else:
             for r in self._rows:  # measure every shape before trusting the numbers
-                if r.seen < self.min_samples:
+                if r.samples < self.min_samples:
                     return r.shape
         best = self._best_row(known)
         rate = self._rate(best)
@@ -191,7 +204,7 @@ class ShapeChooser:
                 s = self._deepest_chain if r.shape.kind == "chain" else r.shape  # it measures every shorter chain
                 if s != self.current and s not in retry:
                     retry.append(s)
-            self.burst = [s for s in retry for _ in range(self.min_samples)]
+            self.burst = [s for s in retry for _ in range(self.burst_steps())]
         if self.burst:
             return self._pop_burst()
         if self.current is not None and rate < (1 + self.hysteresis) * self.rate(self.current):
@@ -199,11 +212,16 @@ class ShapeChooser:
         self.current = best.shape
         return best.shape
 
+    def ran_instead(self, shape: TreeShape) -> None:
+        """The engine ran ``shape`` instead of the choice on merit (a draining batch, ``verifier/decode/drain.py``):
+        it becomes the current shape, so its steps are no exploration charged to the budget."""
+        self.current = shape
+
     def _pop_burst(self) -> TreeShape:
         shape = self.burst.pop(0)
         r = self.stats[shape]
         if not r.retrying and self.measured(shape):  # a first look's steps are plain samples, not a retry
-            r.retrying, r.retry_seen = True, 0
+            r.retrying, r.retry_samples = True, 0
         return shape
 
     def _first_look(self, known: list[_Running]) -> TreeShape | None:
@@ -219,18 +237,18 @@ class ShapeChooser:
                 continue
             if r.shape.kind == "none" or not r.known_cost:  # measured first, as without a budget
                 return r.shape
-            unlooked = unlooked or not r.seen
+            unlooked = unlooked or not r.samples
         if not unlooked:  # every shape measured or under way: nothing to look at (the usual case, kept cheap)
             return None
         rate = self._rate(self._best_row(known))
         chain_waits = False  # a deeper chain that could win waits for the budget: no shorter chain goes first
         for r in self._look_order:
             s = r.shape
-            if r.measured or r.seen or (s.max_depth + 1) / r.cost <= rate or (chain_waits and s.kind == "chain"):
+            if r.measured or r.samples or (s.max_depth + 1) / r.cost <= rate or (chain_waits and s.kind == "chain"):
                 continue  # measured, under way, or it could not win with every drafted token accepted
             loss = self._expected_loss(r, 1.0, rate)  # as if no drafted token were accepted
             if self.explore_spent + loss <= self.explore_budget * self.clock:
-                self.burst = [s] * (self.min_samples - 1)
+                self.burst = [s] * (self.burst_steps() - 1)
                 return s
             chain_waits = chain_waits or s.kind == "chain"
         return None
@@ -251,9 +269,9 @@ class ShapeChooser:
                 and self.explore_spent + frac * loss <= self.explore_budget * self.clock)
 
     def _expected_loss(self, r: _Running, tau: float, rate: float) -> float:
-        """Seconds ``min_samples`` steps of ``r``'s shape at ``tau`` lose against ``rate`` tokens per second, plus
+        """Seconds a burst (``burst_steps``) of ``r``'s shape at ``tau`` loses against ``rate`` tokens per second, plus
         the drafter refresh when they leave plain decoding (first looks and retries alike)."""
-        loss = self.min_samples * max(0.0, r.cost - (tau / rate if rate > 0 else 0.0))
+        loss = self.burst_steps() * max(0.0, r.cost - (tau / rate if rate > 0 else 0.0))
         if r.shape.kind != "none" and self.current is not None and self.current.kind == "none":
             loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
         return loss
@@ -270,11 +288,12 @@ class ShapeChooser:
             self.refresh_s = refresh_s if self.refresh_s == 0 else self.refresh_s + self.alpha * (refresh_s - self.refresh_s)
         seconds += refresh_s / self.refresh_steps
         r = self.stats[shape]
-        if r.seen < self.min_samples:  # the plain mean of the first samples
-            a = 1.0 / (r.seen + 1)
-        elif r.retrying:  # a retry's samples weigh more: what the running mean holds is old
-            a = 1.0 / (r.retry_seen + 2)
-            r.retry_seen += 1
+        rows = len(emitted) if emitted else 1
+        if r.samples < self.min_samples:  # the plain mean of the first samples (sequence-steps)
+            a = rows / (r.samples + rows)
+        elif r.retrying:  # a retry's samples weigh more: what the running mean holds is old (worth one sample)
+            r.retry_samples += rows
+            a = rows / (r.retry_samples + 1)
         else:
             a = self.alpha
         pooled = bool(emitted) and shape.kind == "chain"
@@ -283,13 +302,14 @@ class ShapeChooser:
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
         r.seen += 1
+        r.samples += rows
         self._remeasure(r)
         r.last_step = self.step
         self.clock += seconds
         r.last_clock = self.clock
         if pooled:
             self._pool_chains(shape)
-        if r.retrying and r.retry_seen >= self.min_samples:
+        if r.retrying and r.retry_samples >= self.min_samples:
             r.retrying = False
             r.retry_every = self.retry_every if self.best() == shape else min(2 * r.retry_every,
                                                                               self.max_retry_every)
@@ -316,7 +336,7 @@ class ShapeChooser:
         """``{shape: (tau, retry_every)}`` of every drafted shape with numbers behind it (its own steps or a prime),
         for a new engine: a draft that kept losing its retries is retried as rarely there."""
         return {s: (r.tau, r.retry_every) for s, r in self.stats.items()
-                if s.kind != "none" and (r.seen >= self.min_samples or r.primed or r.pooled)}
+                if s.kind != "none" and (r.samples >= self.min_samples or r.primed or r.pooled)}
 
 
 class GoodputController:
@@ -351,8 +371,9 @@ class GoodputController:
         """The greedy mode's shape chosen on merit last."""
         return self.modes[False].current
 
-    def choose(self, sampled: bool = False) -> TreeShape:
-        return self.mode(sampled).choose()
+    def choose(self, sampled: bool = False, rows: int = 1) -> TreeShape:
+        """The next step's shape in the ``sampled`` mode, for a step of ``rows`` running sequences."""
+        return self.mode(sampled).choose(rows)
 
     def prime(self, shape: TreeShape, sampled: bool, tau: float | None = None, cost: float | None = None,
               retry_every: int | None = None) -> None:

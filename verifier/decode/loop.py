@@ -362,6 +362,23 @@ def warm_up_engines(model: StreeLM) -> int:
     return len(engines)
 
 
+def release_engines(model: StreeLM, drafter=None) -> int:
+    """Forget the engines ``generate`` cached on ``model`` for ``drafter`` (every engine with ``drafter=None``),
+    so that their state, buffers and graphs can be freed: at the 2.7B shape and batch 64 one engine's SSM state
+    alone is 10 GiB, and a benchmark that tries several drafters ran out of memory with all of them cached.
+    Returns the number of engines released."""
+    cache = model.__dict__.get("_stree_engines", {})
+    keys = [k for k in cache if drafter is None or k == id(drafter)]
+    for k in keys:
+        del cache[k]
+    if keys and model.device.type == "cuda":
+        import gc
+
+        gc.collect()  # engines hold reference cycles (graphs, closures): free them before the allocator's cache
+        torch.cuda.empty_cache()
+    return len(keys)
+
+
 def _as_prompts(prompt_ids) -> tuple[list[list[int]], bool]:
     """``(prompts, single)``: one prompt (ids or a 1-D tensor) or a list of prompts, as lists of ints."""
     if isinstance(prompt_ids, torch.Tensor):
