@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stree.verifier.decode.drain import draft_finishes_later, sequence_taus
+from stree.verifier.decode.drain import SlowestPrior, draft_finishes_later, sequence_taus
 from stree.verifier.decode.loop import generate
 
 
@@ -16,6 +16,30 @@ def test_each_sequence_gets_the_drafts_gain_scaled_by_its_own_acceptance_shrunk_
     assert taus[2] == pytest.approx(3.0)  # no steps of its own: the batch's
     assert sequence_taus(2.5, [0, 0], [0, 0]) == [2.5, 2.5]
     assert sequence_taus(2.5, [0, 0], [3, 3]) == [1.0, 1.0]  # nothing ever accepted: no gain
+
+
+def test_sequences_without_steps_of_their_own_take_the_prior_ratio():
+    assert sequence_taus(3.0, [0, 0], [0, 0], prior_ratio=0.5) == [2.0, 2.0]
+    # a sequence that matched the batch mean for 4 steps, with a prior of half the mean: halfway between
+    assert sequence_taus(3.0, [4, 4], [4, 4], prior_ratio=0.5, prior_steps=4.0) == pytest.approx([2.5, 2.5])
+
+
+def test_the_slowest_prior_is_the_low_quantile_of_finished_sequences_ratios():
+    prior = SlowestPrior(keep=100, min_history=10, decay=1.0)
+    assert prior.ratio(16) == 1.0  # no history: the batch mean
+    prior.record(3, 8)  # no draft step observed yet: no mean to compare with
+    assert not prior.ratios
+    for _ in range(8):  # 8 draft steps of 10 sequences: a mean of 0.9 accepted per sequence-step
+        prior.observe([0, 0, 1, 1, 1, 1, 1, 1, 1, 2])
+    assert prior.mean == pytest.approx(0.9)
+    for accepted in range(10):  # sequences that accepted 0..9 drafted tokens in 8 draft steps each
+        prior.record(accepted, 8, prior_steps=0.0)
+    assert sorted(prior.ratios) == pytest.approx([a / 8 / 0.9 for a in range(10)])
+    assert prior.ratio(1) == 1.0  # one sequence is the batch
+    assert prior.ratio(4) == pytest.approx(2 / 8 / 0.9)  # the 1/5 quantile of ten: the third lowest
+    assert prior.ratio(64) == pytest.approx(0.0)  # the slowest of 64: below all ten
+    prior.record(3, 0)  # no draft steps of its own: nothing to learn
+    assert len(prior.ratios) == 10
 
 
 def test_the_slowest_sequence_decides_when_the_batch_drains():
@@ -61,3 +85,30 @@ def test_a_draining_batch_drafts_only_while_its_slowest_sequence_gains(models, r
         assert engine.metrics["drain_plain_steps"] == 0 and engine.metrics["steps:chain:3"] >= 8
     else:
         assert engine.metrics["drain_plain_steps"] >= 5
+
+
+def test_a_new_batch_starts_from_how_slow_the_slowest_sequence_was_before(models):
+    """The same draining batch twice on one engine (one sequence's continuation unknown): the first run drafts
+    until that sequence's own steps show it slow; the second starts from the finished sequences' ratios and
+    turns to plain steps sooner. Output stays plain greedy in both."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+    from stree.verifier.decode.engine import Engine, Request
+
+    target = models["hybrid"]
+    prompts = [[3, 1, 4], [9, 2, 6, 5], [7, 7], [5, 8, 1, 2, 6]]
+    n = 30
+    conts = [r.token_ids for r in generate(target, prompts, max_new_tokens=n + 3)]
+    oracle = OracleDeviceDrafter(target.vocab_size, 2, ["none", "chain:3"], target.device)
+    for p, c in list(zip(prompts, conts))[:3]:
+        oracle.set_continuation(p, c)
+    engine = Engine(target, oracle, ["none", "chain:3"], max_batch=4, max_seqlen=64, goodput=True)
+    _fixed_costs(engine, {"none": 1e-3, "chain:3": 2e-3})
+    engine.slow_prior.min_history = 4  # the first run's four sequences
+    drafted = []
+    for _ in range(2):
+        before = engine.metrics["steps:chain:3"]
+        reqs = engine.run([Request(p, max_new_tokens=n) for p in prompts])
+        assert [r.output for r in reqs] == [c[:n] for c in conts]
+        drafted.append(engine.metrics["steps:chain:3"] - before)
+    assert len(engine.slow_prior.ratios) >= 3 and engine.slow_prior.ratio(4) < 0.6
+    assert drafted[1] < drafted[0]

@@ -7,33 +7,78 @@ well-predicted ones early and leaves the poorly predicted ones to run on with a 
 H100 (trained pair, batch 64, 128 tokens each, BENCHMARKS.md §0r): chain:3 at tau 2.31 and 2.08x plain's step cost
 was 11 % ahead by tau / cost, yet its run took 72 steps where the mean sequence needed 51, and auto ran at
 0.79x plain. So when the batch drains, the engine compares the time to finish the whole running set both ways,
-with each sequence's own acceptance (shrunk towards the batch mean while it has few draft steps).
+with each sequence's own acceptance (shrunk, while it has few draft steps, towards what the slowest of a batch
+this size accepted in earlier batches: ``SlowestPrior``).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-PRIOR_STEPS = 4.0  # draft steps' worth of the batch mean in each sequence's acceptance estimate
+import collections
+
+PRIOR_STEPS = 4.0  # draft steps' worth of the prior in each sequence's acceptance estimate
 
 
-def sequence_taus(tau: float, accepted: Sequence[int], draft_steps: Sequence[int],
+class SlowestPrior:
+    """How a sequence's acceptance compares with the traffic's, from sequences that finished (the last ``keep``).
+
+    A new sequence has no draft steps of its own, yet in a batch of B one of them will be about the slowest of B.
+    Its prior is that: the 1 / (B + 1) quantile of the recorded ratios. With only the batch mean as the prior, a
+    fresh batch looked uniform, and every run of the trained pair at batch 16 and 64 drafted its first steps
+    (and refreshed every slot's drafter) before its slow sequences showed (H100, BENCHMARKS.md §0r). Ratios are
+    taken against a running mean over recent draft steps, not against the sequences still running: the slowest
+    sequence finishes last, when no other is left to compare it with."""
+
+    def __init__(self, keep: int = 512, min_history: int = 32, decay: float = 0.99):
+        self.ratios: collections.deque[float] = collections.deque(maxlen=keep)
+        self.min_history = min_history
+        self.decay = decay
+        self._accepted = 0.0  # decayed sums over recent draft steps: accepted drafted tokens, sequence-steps
+        self._steps = 0.0
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        """One draft step: the drafted tokens each of its sequences accepted."""
+        self._accepted = self.decay * self._accepted + sum(accepted)
+        self._steps = self.decay * self._steps + len(accepted)
+
+    @property
+    def mean(self) -> float:
+        """Accepted drafted tokens per sequence-step, over recent draft steps."""
+        return self._accepted / self._steps if self._steps else 0.0
+
+    def record(self, accepted: int, draft_steps: int, prior_steps: float = PRIOR_STEPS) -> None:
+        """A finished sequence's accepted tokens per draft step, shrunk towards the running mean, over that mean."""
+        mean = self.mean
+        if draft_steps <= 0 or mean <= 0:
+            return
+        self.ratios.append((accepted + prior_steps * mean) / (draft_steps + prior_steps) / mean)
+
+    def ratio(self, batch: int) -> float:
+        """The prior ratio for a batch of ``batch`` sequences; 1 (the batch mean) until enough have finished."""
+        if len(self.ratios) < self.min_history or batch <= 1:
+            return 1.0
+        ordered = sorted(self.ratios)
+        return ordered[min(len(ordered) - 1, int(len(ordered) / (batch + 1)))]
+
+
+def sequence_taus(tau: float, accepted: Sequence[int], draft_steps: Sequence[int], prior_ratio: float = 1.0,
                   prior_steps: float = PRIOR_STEPS) -> list[float]:
     """Each sequence's expected tokens per step of a draft whose batch-wide tau is ``tau``.
 
     ``accepted[i]``: drafted tokens sequence i accepted so far over ``draft_steps[i]`` draft steps. Its accepted
-    tokens per step, shrunk towards the batch's by ``prior_steps``, relative to the batch's, scales the draft's
-    ``tau - 1``: a sequence that accepts half the batch mean gets half the draft's gain.
+    tokens per step, shrunk by ``prior_steps`` towards ``prior_ratio`` times the batch's, relative to the batch's,
+    scales the draft's ``tau - 1``: a sequence that accepts half the batch mean gets half the draft's gain.
     """
     total_steps = sum(draft_steps)
-    if total_steps == 0:
-        return [tau] * len(accepted)
+    if total_steps == 0:  # nothing of their own yet: each sequence is the prior
+        return [1.0 + (tau - 1.0) * prior_ratio] * len(accepted)
     mean = sum(accepted) / total_steps
     if mean <= 0:
         return [1.0] * len(accepted)
     out = []
     for a, n in zip(accepted, draft_steps):
-        own = (a + prior_steps * mean) / (n + prior_steps)
+        own = (a + prior_steps * prior_ratio * mean) / (n + prior_steps)
         out.append(1.0 + (tau - 1.0) * own / mean)
     return out
 

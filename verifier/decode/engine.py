@@ -31,7 +31,7 @@ from stree.protocols.tree_shape import TreeShape
 from stree.protocols.validate import tree_problem
 from stree.verifier.decode.admission import AdmissionCosts, check_hold_steps, should_hold, steps_to_finish
 from stree.verifier.decode.goodput import GoodputController
-from stree.verifier.decode.drain import draft_finishes_later, sequence_taus
+from stree.verifier.decode.drain import SlowestPrior, draft_finishes_later, sequence_taus
 from stree.verifier.decode.verify_device import verify_batch
 from stree.verifier.model.batch_prefill import next_power_of_two, prefill_buckets
 from stree.verifier.model.graphed_prefill import PrefillRunner
@@ -216,6 +216,7 @@ class Engine:
         self.metrics = collections.Counter()
         self._metric_names: dict = {}
         self.step_host_s: list[float] = []
+        self.slow_prior = SlowestPrior()  # how slow the slowest sequence of a batch tends to be (draining batches)
         self.forced_shapes: Optional[list] = None  # warm_up cycles through these instead of choosing
         self.warmed_up = False  # warm_up captured every step graph (warm_up_engines then leaves the engine alone)
         self._forced_at = 0
@@ -273,6 +274,7 @@ class Engine:
             return
         self.tau_prior.update(other.tau_prior)
         self.depth_prior.update(other.depth_prior)
+        self.slow_prior.ratios.extend(other.slow_prior.ratios)
         self._remember(other.goodput)
         self._prime_learned(self.goodput)
         if self.refresh_guess_s is None and other.refresh_guess_s is not None:  # the same drafter's refresh
@@ -462,6 +464,8 @@ class Engine:
 
     def _release(self, i: int) -> None:
         req = self.slots[i]
+        if req is not None and req.draft_steps and self.goodput is not None:
+            self.slow_prior.record(req.num_accepted_draft_tokens, req.draft_steps)
         self.slots[i] = None
         self.stale[i] = True
         if req is not None and req.drafter_session is not None:
@@ -700,7 +704,7 @@ class Engine:
             return False
         running = [r for r in self.slots if r is not None and not r.done]
         taus = sequence_taus(mode.stats[shape].tau, [r.num_accepted_draft_tokens for r in running],
-                             [r.draft_steps for r in running])
+                             [r.draft_steps for r in running], self.slow_prior.ratio(len(running)))
         remaining = [r.max_new_tokens - len(r.output) for r in running]
         return draft_finishes_later(remaining, taus, mode.stats[shape].cost, mode.stats[PLAIN].cost)
 
@@ -806,6 +810,8 @@ class Engine:
         # a step that first refreshed a stale drafter is charged part of it (GoodputController.observe)
         if step.measured:
             self.admission_costs.observe_step(seconds)
+        if self.goodput is not None and accepted and step.drafted:
+            self.slow_prior.observe([a - 1 for a in accepted])
         if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s,
                                  sampled=step.sampled, emitted=accepted)
