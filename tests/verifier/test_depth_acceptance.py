@@ -11,7 +11,7 @@ from stree.verifier.decode.depth_acceptance import DepthAcceptance
 
 def test_tau_follows_the_rates_of_each_depth():
     rates = DepthAcceptance(min_samples=1)
-    rates.rate, rates.steps = [0.8, 0.5, 0.25], [1, 1, 1]
+    rates.rate, rates.samples = [0.8, 0.5, 0.25], [1, 1, 1]
     assert rates.tau(1) == pytest.approx(1.8)
     assert rates.tau(3) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
     with pytest.raises(ValueError, match="depth 4"):
@@ -23,14 +23,14 @@ def test_a_step_tries_each_depth_up_to_one_past_its_accepted_run():
     (1 passed), depth 3 by 1 (1 passed). Each sequence that tried a depth is one sample of it."""
     rates = DepthAcceptance(min_samples=4)
     rates.observe(3, [0, 1, 3], weight=0.1)
-    assert rates.rate == pytest.approx([2 / 3, 1 / 2, 1.0]) and rates.steps == [3, 2, 1]
+    assert rates.rate == pytest.approx([2 / 3, 1 / 2, 1.0]) and rates.samples == [3, 2, 1]
     assert not rates.known(1)
     rates.observe(3, [0, 0], weight=0.1)  # nobody passed depth 1: depths 2 and 3 were not tried
-    assert rates.rate == pytest.approx([2 / 5, 1 / 2, 1.0]) and rates.steps == [5, 2, 1]  # 2 of 5 samples passed
+    assert rates.rate == pytest.approx([2 / 5, 1 / 2, 1.0]) and rates.samples == [5, 2, 1]  # 2 of 5 samples passed
     assert rates.known(1) and not rates.known(2)
     rates.observe(3, [3], weight=0.1)  # depth 1 is past min_samples: the given weight; depth 2 still a plain mean
     assert rates.rate[0] == pytest.approx(2 / 5 + 0.1 * (1 - 2 / 5))
-    assert rates.rate[1] == pytest.approx(2 / 3) and rates.steps == [6, 3, 2]
+    assert rates.rate[1] == pytest.approx(2 / 3) and rates.samples == [6, 3, 2]
 
 
 @settings(max_examples=40, deadline=None)

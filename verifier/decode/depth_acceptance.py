@@ -20,11 +20,11 @@ class DepthAcceptance:
     def __init__(self, min_samples: int = 4):
         self.min_samples = max(1, int(min_samples))
         self.rate: list[float] = []  # rate[d - 1]: acceptance at depth d given depth d - 1 was accepted
-        self.steps: list[int] = []  # samples (sequence-steps) that tried depth d
+        self.samples: list[int] = []  # sequence-steps that tried depth d
 
     def observe(self, depth: int, accepted: Sequence[int], weight: float) -> None:
         """One chain step of ``depth`` drafted tokens; ``accepted``: drafted tokens each sequence accepted;
-        ``weight``: the newest sample's weight once a depth has its first ``min_samples`` steps."""
+        ``weight``: the newest sample's weight once a depth has its first ``min_samples`` samples."""
         for d in range(1, depth + 1):
             tried = sum(1 for a in accepted if a >= d - 1)
             if not tried:
@@ -32,15 +32,15 @@ class DepthAcceptance:
             passed = sum(1 for a in accepted if a >= d)
             if d > len(self.rate):
                 self.rate.append(0.0)
-                self.steps.append(0)
-            n = self.steps[d - 1]
+                self.samples.append(0)
+            n = self.samples[d - 1]
             w = tried / (n + tried) if n < self.min_samples else weight
             self.rate[d - 1] += w * (passed / tried - self.rate[d - 1])
-            self.steps[d - 1] = n + tried
+            self.samples[d - 1] = n + tried
 
     def known(self, depth: int) -> bool:
         """Whether depths 1..``depth`` each have ``min_samples`` samples behind their rate."""
-        return depth <= len(self.steps) and all(n >= self.min_samples for n in self.steps[:depth])
+        return depth <= len(self.samples) and all(n >= self.min_samples for n in self.samples[:depth])
 
     def tau(self, depth: int) -> float:
         """Expected tokens per step of chain:``depth`` (the bonus token counted)."""
@@ -55,4 +55,4 @@ class DepthAcceptance:
     def copy_from(self, other: "DepthAcceptance") -> None:
         """Start from ``other``'s rates (another engine's, over the same drafter), where this one has none."""
         if not self.rate:
-            self.rate, self.steps = list(other.rate), list(other.steps)
+            self.rate, self.samples = list(other.rate), list(other.samples)

@@ -36,6 +36,7 @@ class SlowestPrior:
         self.decay = decay
         self._accepted = 0.0  # decayed sums over recent draft steps: accepted drafted tokens, sequence-steps
         self._steps = 0.0
+        self._ordered: list[float] | None = None  # ``ratios`` sorted, kept until a ratio is added (read every step)
 
     def observe(self, accepted: Sequence[int]) -> None:
         """One draft step: the drafted tokens each of its sequences accepted."""
@@ -53,13 +54,20 @@ class SlowestPrior:
         if draft_steps <= 0 or mean <= 0:
             return
         self.ratios.append((accepted + prior_steps * mean) / (draft_steps + prior_steps) / mean)
+        self._ordered = None
+
+    def extend(self, other: "SlowestPrior") -> None:
+        """Add ``other``'s ratios (another engine's, over the same drafter and traffic)."""
+        self.ratios.extend(other.ratios)
+        self._ordered = None
 
     def ratio(self, batch: int) -> float:
         """The prior ratio for a batch of ``batch`` sequences; 1 (the batch mean) until enough have finished."""
         if len(self.ratios) < self.min_history or batch <= 1:
             return 1.0
-        ordered = sorted(self.ratios)
-        return ordered[min(len(ordered) - 1, int(len(ordered) / (batch + 1)))]
+        if self._ordered is None:
+            self._ordered = sorted(self.ratios)
+        return self._ordered[min(len(self._ordered) - 1, int(len(self._ordered) / (batch + 1)))]
 
 
 def sequence_taus(tau: float, accepted: Sequence[int], draft_steps: Sequence[int], prior_ratio: float = 1.0,

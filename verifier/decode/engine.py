@@ -199,9 +199,10 @@ class Engine:
         self.step_costs: dict = {}  # step graph key -> seconds per replay, timed at capture (goodput priors)
         self.tau_prior: dict = {}  # (sampled, shape) -> (tau, retry_every) learned earlier (another engine, before warm_up)
         self.depth_prior: dict = {}  # sampled -> DepthAcceptance of chain drafts learned earlier (likewise)
+        goodput = bool(goodput) and len(self.shapes) > 1  # one shape leaves nothing to choose
         # with goodput control a lazy drafter is prefilled only when a draft is chosen, not at admission
-        self.defer_drafter = self.lazy and bool(goodput) and len(self.shapes) > 1
-        self.goodput = self._goodput() if goodput and len(self.shapes) > 1 else None
+        self.defer_drafter = self.lazy and goodput
+        self.goodput = self._goodput() if goodput else None
         # CUDA: the device's default generator, which graph replays advance safely; CPU: our own
         self.generator = None if self.cuda else torch.Generator()
         self.reseed(seed)
@@ -274,7 +275,7 @@ class Engine:
             return
         self.tau_prior.update(other.tau_prior)
         self.depth_prior.update(other.depth_prior)
-        self.slow_prior.ratios.extend(other.slow_prior.ratios)
+        self.slow_prior.extend(other.slow_prior)
         self._remember(other.goodput)
         self._prime_learned(self.goodput)
         if self.refresh_guess_s is None and other.refresh_guess_s is not None:  # the same drafter's refresh
