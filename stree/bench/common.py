@@ -38,13 +38,14 @@ def device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
 def kernel_settings() -> dict:
     """The environment switches that change which kernels run, as this process resolves them (a record names
     them, since its ``command`` does not show the environment)."""
-    from stree.drafter_service.drafters.mamba.device_draft import chain_draft_setting
+    from stree.drafter_service.drafters.mamba.device_draft import beam_draft_setting, chain_draft_setting
     from stree.kernels import backend, pdl
     from stree.kernels.chain_conv_scan_triton import chain_scan_setting
     from stree.kernels.mamba_block_step import block_step_setting
 
     return {"STREE_PDL": pdl.setting(), "STREE_BLOCK_STEP": block_step_setting(),
-            "STREE_CHAIN_DRAFT": chain_draft_setting(), "STREE_CHAIN_SCAN": chain_scan_setting(),
+            "STREE_CHAIN_DRAFT": chain_draft_setting(), "STREE_BEAM_DRAFT": beam_draft_setting(),
+            "STREE_CHAIN_SCAN": chain_scan_setting(),
             "STREE_KERNELS": backend.resolve("cuda") if torch.cuda.is_available() else backend.resolve("cpu")}
 
 

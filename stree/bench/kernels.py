@@ -21,6 +21,7 @@ import time
 import traceback
 import types
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -594,14 +595,16 @@ def _bench_batched(model, base, prompt, add, vocab: int, batches, weight_bytes: 
         torch.cuda.empty_cache()
 
 
-def engine_beam_draft_ms(model, prompt: torch.Tensor, depth: int = 4, beams: int = 3) -> float:
-    """Milliseconds of the engine's device beam draft (``DeviceTreeDrafter``, the path ``--tree beam`` runs):
-    D + 1 draft tree passes over the fixed beam layout, then the draft commit of the root, graphed."""
+def engine_beam_draft_ms(model, prompt: torch.Tensor, depth: int = 4, beams: int = 3,
+                         beam_steps: Optional[bool] = None) -> float:
+    """Milliseconds of the engine's device beam draft (``DeviceTreeDrafter``, the path ``--tree beam`` runs),
+    then the draft commit of the root, graphed: D M-row decode steps on a scratch state and one tree pass for
+    the commit's activations (``beam_steps``, the default on a pure Mamba2 model), or D + 1 tree passes."""
     from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
     from stree.protocols.sampling import RowSampling
     from stree.protocols.tree_shape import TreeShape
 
-    drafter = DeviceTreeDrafter(model)
+    drafter = DeviceTreeDrafter(model, beam_steps=beam_steps)
     drafter.new_slots(1, prompt.shape[1] + 64)
     drafter.prefill_slot(0, prompt[0])
     shape, sampling = TreeShape("beam", depth=depth, beams=beams), RowSampling.greedy(1, model.device)
@@ -717,8 +720,10 @@ def _bench_model_shape(device, dtype, shape_name, rows: list, prompt_len: int, b
             times.append(time.perf_counter() - t0)
         times.sort()
         add("draft_beam_4x3", 12, 1e3 * times[len(times) // 2], note="one CUDA graph, incl. state copy-in")
-        add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt),
-            note="the engine's device draft: 5 tree passes + commit, graphed")
+        add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt, beam_steps=True),
+            note="the engine's device draft: 4 three-row decode steps + 1 tree pass + commit, graphed")
+        add("draft_beam_4x3_engine_tree", 12, engine_beam_draft_ms(model, prompt, beam_steps=False),
+            note="the same draft by 5 tree passes + commit (STREE_BEAM_DRAFT=tree), graphed")
     model = base = state = None  # free this shape's weights before the next
     torch.cuda.empty_cache()
 

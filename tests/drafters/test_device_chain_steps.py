@@ -14,20 +14,8 @@ from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter,
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
 from stree.kernels import backend
+from device_draft_helpers import prefilled_drafter, states_close
 
-
-def _slots(model, chain_steps: bool, contexts) -> DeviceTreeDrafter:
-    d = DeviceTreeDrafter(model, chain_steps=chain_steps)
-    d.new_slots(len(contexts), 64)
-    d.prefill_slots(list(range(len(contexts))), contexts)
-    return d
-
-
-def _states_close(a, b) -> None:
-    assert torch.equal(a.seqlen, b.seqlen)
-    for la, lb in zip(a.layers, b.layers):
-        for name in vars(la):
-            torch.testing.assert_close(getattr(la, name), getattr(lb, name), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
@@ -38,7 +26,7 @@ def test_chain_by_steps_drafts_and_commits_what_tree_passes_do(models, kernels, 
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (3, 9, 1)]
     backend.use(kernels)
     try:
-        steps, trees = _slots(model, True, contexts), _slots(model, False, contexts)
+        steps, trees = prefilled_drafter(model, contexts, chain_steps=True), prefilled_drafter(model, contexts, chain_steps=False)
         assert steps.chain_steps and not trees.chain_steps
         before = steps.state.clone()
         roots = torch.randint(0, model.vocab_size, (3,), generator=gen)
@@ -46,7 +34,7 @@ def test_chain_by_steps_drafts_and_commits_what_tree_passes_do(models, kernels, 
         greedy = RowSampling.greedy(3, roots.device)
         a = steps.draft(shape, roots, greedy, False)
         b = trees.draft(shape, roots, greedy, False)
-        _states_close(steps.state, before)  # drafting changed nothing the slots hold
+        states_close(steps.state, before)  # drafting changed nothing the slots hold
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
         for xa, xb in zip(steps.acts.layers, trees.acts.layers):
             for name in vars(xa):
@@ -55,7 +43,7 @@ def test_chain_by_steps_drafts_and_commits_what_tree_passes_do(models, kernels, 
         path_len = torch.tensor([1, depth + 1, max(1, depth)])
         steps.commit(path, path_len)
         trees.commit(path, path_len)
-        _states_close(steps.state, trees.state)
+        states_close(steps.state, trees.state)
     finally:
         backend.use(None)
 
@@ -65,7 +53,7 @@ def test_sampled_chain_by_steps_records_each_picks_law(models):
     model = models["draft"]
     gen = torch.Generator().manual_seed(3)
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (5, 2)]
-    steps, trees = _slots(model, True, contexts), _slots(model, False, contexts)
+    steps, trees = prefilled_drafter(model, contexts, chain_steps=True), prefilled_drafter(model, contexts, chain_steps=False)
     sampling = RowSampling(torch.tensor([0.0, 1.0]), torch.zeros(2, dtype=torch.long), torch.ones(2))
     roots = torch.randint(0, model.vocab_size, (2,), generator=gen)
     shape = TreeShape.parse("chain:3")

@@ -44,16 +44,25 @@ def test_every_shape_is_measured_before_the_numbers_are_trusted():
     assert str(ctl.choose()) == "static:2,1"  # 3 tokens per second against 2 and 1
 
 
-def test_a_shape_within_the_hysteresis_does_not_take_over():
-    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
-    ctl = GoodputController([plain, chain], retry_every=10_000, hysteresis=0.05, min_samples=1)
+def test_a_draft_within_the_hysteresis_does_not_take_over_but_plain_decoding_does():
+    """The margin guards moves onto a draft (they may cost a drafter refresh); leaving a draft for plain decoding is
+    free, so plain takes over as soon as it is faster."""
+    plain, chain, deeper = TreeShape.parse("none"), TreeShape.parse("chain:3"), TreeShape.parse("chain:4")
+    ctl = GoodputController([plain, chain, deeper], retry_every=10_000, hysteresis=0.05, min_samples=1)
     ctl.observe(plain, 1.0, 1.0)
     ctl.observe(chain, 1.03, 1.0)
+    ctl.observe(deeper, 0.5, 1.0)
     assert ctl.choose() == chain  # nothing current yet: the best
-    ctl.stats[plain].tau = 1.07  # plain now 4 % faster: within the hysteresis, chain stays
+    ctl.stats[deeper].tau = 1.07  # another draft 4 % faster: within the hysteresis, chain stays
     assert [ctl.choose() for _ in range(5)] == [chain] * 5
-    ctl.stats[plain].tau = 1.09  # 6 % faster: plain takes over
+    ctl.stats[deeper].tau = 1.09  # 6 % faster: it takes over
+    assert ctl.choose() == deeper
+    ctl.stats[plain].tau = 1.10  # plain 1 % faster than the current draft: plain at once
     assert ctl.choose() == plain and ctl.current == plain
+    ctl.stats[chain].tau = 1.14  # a draft 3.6 % faster than plain: within the hysteresis, plain stays
+    assert [ctl.choose() for _ in range(5)] == [plain] * 5
+    ctl.stats[chain].tau = 1.17  # 6 % faster: it takes over
+    assert ctl.choose() == chain
 
 
 def test_retries_due_about_together_run_in_one_burst():

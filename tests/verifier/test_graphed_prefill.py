@@ -117,3 +117,13 @@ def test_engine_with_padded_admission_and_refresh_equals_plain_greedy(hybrid, tm
     outs = [r.output for r in engine.run([Request(p, 12) for p in prompts])]
     plain = Engine(hybrid, None, ["none"], max_batch=1, max_seqlen=96)
     assert outs == [plain.run([Request(p, 12)])[0].output for p in prompts]
+
+
+def test_contexts_may_be_token_lists_or_tensors():
+    """``pack_ids`` takes a context as a list or as a 1-D tensor (what a caller holding a prompt tensor passes)."""
+    from stree.verifier.model.batch_prefill import pack_ids
+
+    lists = [[3, 1, 4], [1, 5]]
+    got = pack_ids([torch.tensor(c) for c in lists], 4, 5)
+    assert torch.equal(got, pack_ids(lists, 4, 5))
+    assert got.tolist() == [[3, 1, 4, 0, 0], [1, 5, 0, 0, 0], [0] * 5, [0] * 5]

@@ -7,10 +7,11 @@ finished tree leaves the activations that move the draft state along the accepte
 exactly as the target's commit does, so the draft state never steps token by token and never
 reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
 
-A chain on a pure Mamba2 draft model is picked by one-token decode steps instead (``STREE_CHAIN_DRAFT``,
-``chain_draft_setting``): the steps run on a scratch copy of the slots' state (an SSM state is small), which
-costs fewer launches than a tree pass per depth; one tree pass over the finished chain still leaves the
-commit's activations, so the commit is the same replay.
+On a pure Mamba2 draft model, chains and beams are picked by one-token decode steps instead
+(``STREE_CHAIN_DRAFT``, ``STREE_BEAM_DRAFT``): the steps run on a scratch copy of the slots' state (an SSM
+state is small; a beam's M rows start as M copies and follow their parents by one row gather per depth),
+which costs fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole tree;
+one tree pass over the finished tree still leaves the commit's activations, so the commit is the same replay.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def chain_draft_setting() -> str:
     return backend.env_choice("STREE_CHAIN_DRAFT", CHAIN_DRAFTS, "steps")
 
 
+def beam_draft_setting() -> str:
+    """``STREE_BEAM_DRAFT``: ``steps`` (the default: M-row decode steps on a scratch state, where the draft model is
+    pure Mamba2) or ``tree`` (a tree pass over the whole beam layout per depth)."""
+    return backend.env_choice("STREE_BEAM_DRAFT", CHAIN_DRAFTS, "steps")
+
+
 class DeviceTreeDrafter:
     """A draft model's slots and chain/static/beam drafts over them (the engine's ``DeviceDrafter``).
 
@@ -46,12 +53,13 @@ class DeviceTreeDrafter:
     KINDS = ("chain", "static", "beam")
 
     def __init__(self, model, head=None, generator: Optional[torch.Generator] = None,
-                 chain_steps: Optional[bool] = None):
+                 chain_steps: Optional[bool] = None, beam_steps: Optional[bool] = None):
         self.model = model
         self.head = head  # VocabTrim: a trimmed LM head (logits -inf outside it)
         self.generator = generator  # Gumbel noise of sampled rows (None: the device's default, graph-safe)
         self.state = None
         self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
+        self.beam_scratch: dict = {}  # beams by steps: M -> a state of B x M rows (sequence b's beams at b*M..)
         self.acts = None
         self._layout: dict = {}
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
@@ -59,6 +67,9 @@ class DeviceTreeDrafter:
         if chain_steps is None:
             chain_steps = chain_draft_setting() == "steps"
         self.chain_steps = chain_steps and pure
+        if beam_steps is None:
+            beam_steps = beam_draft_setting() == "steps"
+        self.beam_steps = beam_steps and pure
 
     def supports(self, shape: TreeShape) -> bool:
         return shape.kind in self.KINDS
@@ -67,6 +78,8 @@ class DeviceTreeDrafter:
     def new_slots(self, batch_size: int, max_seqlen: int) -> None:
         self.state = self.model.new_state(batch_size, max_seqlen)
         self.scratch = self.model.new_state(batch_size, max_seqlen) if self.chain_steps else None
+        self.beam_scratch = {}
+        self.max_seqlen = max_seqlen
         self.prefiller = PrefillRunner(self.model, batch_size, max_seqlen)
         self._layout = {}
 
@@ -124,7 +137,9 @@ class DeviceTreeDrafter:
             raise ValueError(f"a device draft needs a chain, static or beam tree, not {shape}")
         self._set_shape(shape)
         if shape.kind == "beam":
-            return self._draft_beam(roots, sampling)
+            if self.beam_steps:
+                return self._draft_beam_steps(roots, sampling, any_sampled)
+            return self._draft_beam(roots, sampling, any_sampled)
         return self._draft_static(roots, sampling, any_sampled, by_steps=shape.is_chain and self.chain_steps)
 
     def _draft_static(self, roots, sampling: RowSampling, any_sampled: bool, by_steps: bool = False) -> DeviceDraft:
@@ -157,26 +172,65 @@ class DeviceTreeDrafter:
         self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, q, DraftMode.WITHOUT_REPLACEMENT)
 
-    def _draft_beam(self, roots, sampling: RowSampling) -> DeviceDraft:
+    def _draft_beam(self, roots, sampling: RowSampling, any_sampled: bool = True) -> DeviceDraft:
         """STree's beam tree: D steps of beam search with M beams; every beam token is a node (point masses)."""
-        b, dev = roots.shape[0], roots.device
-        n, m = self.shape.num_nodes, self.shape.beams
+        tokens, parents, scores = self._beam_start(roots)
+        for d in range(self.shape.depth):
+            lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
+            logits, _ = self._logits(tokens, parents)
+            scores, _ = self._beam_level(tokens, parents, scores, _beam_log_q(logits[:, lo:hi], sampling, any_sampled), d)
+        self.acts = self._acts(tokens, parents)
+        return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
+
+    def _beam_start(self, roots: torch.Tensor):
+        """A beam tree's tokens and parents ([B, N], the roots placed) and the root level's score."""
+        b, n, dev = roots.shape[0], self.shape.num_nodes, roots.device
         tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
         parents = torch.zeros(b, n, dtype=torch.long, device=dev)
         tokens[:, 0] = roots
         parents[:, 0] = -1
-        scores = torch.zeros(b, 1, device=dev)
+        return tokens, parents, torch.zeros(b, 1, device=dev)
+
+    def _beam_level(self, tokens, parents, scores, logq, d: int):
+        """One depth of beam search: the top-M continuations of level ``d``'s beams (``logq`` [B, F, V] added to
+        their ``scores`` [B, F]) written as level ``d + 1``'s tokens and parents; returns their scores and each
+        one's parent beam within level ``d``."""
+        b, m, lo, nxt = tokens.shape[0], self.shape.beams, self.starts[d], self.starts[d + 1]
+        vocab = logq.shape[-1]
+        top = torch.topk((scores[:, :, None] + logq).reshape(b, -1), m, dim=-1)
+        src = torch.div(top.indices, vocab, rounding_mode="floor")
+        tokens[:, nxt: nxt + m] = top.indices - src * vocab
+        parents[:, nxt: nxt + m] = lo + src
+        return top.values, src
+
+    def _beam_rows(self, m: int):
+        """Beams by steps: the B x M-row scratch state for width ``m`` (made on first use, kept: captured graphs
+        hold its memory), the fan-out index (row b*M+i <- slot b) and each row's sequence offset b*M."""
+        b = self.state.batch_size
+        if m not in self.beam_scratch:
+            dev = self.state.seqlen.device
+            offsets = torch.arange(b, device=dev) * m
+            self.beam_scratch[m] = (self.model.new_state(b * m, self.max_seqlen),
+                                    torch.arange(b, device=dev).repeat_interleave(m), offsets[:, None])
+        return self.beam_scratch[m]
+
+    def _draft_beam_steps(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
+        """``_draft_beam`` by M-row decode steps on a scratch state: after each depth's top-M, row i takes the
+        state of its parent's row (one gather per stacked field), so the next step feeds each beam its own token.
+        Row 0 of the first step scores the root (all M rows start alike)."""
+        b, m = roots.shape[0], self.shape.beams
+        scratch, fan, offsets = self._beam_rows(m)
+        scratch.copy_from(self.state, fan)
+        tokens, parents, scores = self._beam_start(roots)
+        feed = roots[fan]
         for d in range(self.shape.depth):
-            lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
-            logits, _ = self._logits(tokens, parents)
-            logq = _beam_log_q(logits[:, lo:hi], sampling)  # [B, F, V]
-            vocab = logq.shape[-1]
-            top = torch.topk((scores[:, :, None] + logq).reshape(b, -1), m, dim=-1)
-            src = torch.div(top.indices, vocab, rounding_mode="floor")
-            nxt = self.starts[d + 1]
-            tokens[:, nxt: nxt + m] = top.indices - src * vocab
-            parents[:, nxt: nxt + m] = lo + src
-            scores = top.values
+            logits = self._masked(self.model.step(feed, scratch))
+            logits = logits.view(b, m, -1)[:, : self.shape.level_sizes[d]]  # [B, F, V]: level 0 is the root alone
+            scores, src = self._beam_level(tokens, parents, scores, _beam_log_q(logits, sampling, any_sampled), d)
+            if d + 1 < self.shape.depth:
+                if d > 0:  # after the root's step every row holds the same state: nothing to follow
+                    scratch.copy_from(scratch, (offsets + src).reshape(-1))
+                feed = tokens[:, self.starts[d + 1]: self.starts[d + 1] + m].reshape(-1)
         self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
 
@@ -207,8 +261,11 @@ class DeviceTreeDrafter:
         self.model.commit(self.state, acts, path, count, min_len=0)
 
 
-def _beam_log_q(logits: torch.Tensor, sampling: RowSampling) -> torch.Tensor:
-    """Beam scores: log-softmax of the raw logits for greedy rows, log of the shared warp for sampled rows."""
+def _beam_log_q(logits: torch.Tensor, sampling: RowSampling, any_sampled: bool = True) -> torch.Tensor:
+    """Beam scores: log-softmax of the raw logits for greedy rows, log of the shared warp for sampled rows
+    (``any_sampled`` False: every row is greedy, so the warp is skipped)."""
     greedy = torch.log_softmax(logits.float(), -1)
+    if not any_sampled:
+        return greedy
     warped = torch.log(sampling.warp(logits))
     return torch.where((sampling.temperature > 0)[:, None, None], warped, greedy)
