@@ -149,8 +149,18 @@ def _tree_attn_combine_kernel(
              out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-MIN_CHUNK = 256
-"""Fewest keys per split slice (on the device, from ``seqlen``): short caches use few slices."""
+MIN_CHUNK = 64
+"""Fewest keys per split slice (on the device, from ``seqlen``): short caches use few slices. One key block (64):
+a one-token decode over a few hundred keys then runs a block per program in parallel, where 256 ran four blocks
+one after another in each of two programs (BENCHMARKS.md §0s)."""
+SMALL_ROWS = 16
+"""Row blocks of at most this many (node, query head) rows take a 16-row tile, the smallest ``tl.dot`` takes: a
+decode step has one row per KV head, which the 32/64-row tile computed 32-64 times over."""
+
+
+def block_rows(rows: int, half: bool) -> int:
+    """The row tile: 16 for few rows (decode, small trees), else 64 in half precision and 32 in fp32."""
+    return 16 if rows <= SMALL_ROWS else (64 if half else 32)
 
 
 @functools.lru_cache(maxsize=8)
@@ -171,12 +181,13 @@ def _check_attention(q, k_cache, v_cache, seqlen, anc_mask):
 
 
 def tree_attention_triton(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None, *, out=None,
-                          num_splits=None, min_chunk=None):
+                          num_splits=None, min_chunk=None, block_m=None):
     """Triton ``tree_attention_ref``: ``[B, N, Hq, D]`` in ``q``'s dtype; reads keys up to ``seqlen + N``.
 
     Keys are split over ``num_splits`` programs per row block (default: enough to fill the GPU, from
     the cache size, never from ``seqlen``, so the launch shape is graph-stable); on the device each
-    slice gets at least ``min_chunk`` keys, so a short cache uses few. >1 split adds a merge launch.
+    slice gets at least ``min_chunk`` keys (default ``MIN_CHUNK``), so a short cache uses few. >1 split adds a
+    merge launch. ``block_m``: rows per program (default ``block_rows``).
     """
     _check_attention(q, k_cache, v_cache, seqlen, anc_mask)
     b, n, hq, d = q.shape
@@ -189,13 +200,14 @@ def tree_attention_triton(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=N
         raise ValueError(f"tree_attention: out {tuple(out.shape)} must match q {tuple(q.shape)}")
     half = q.dtype in (torch.float16, torch.bfloat16)
     bd = max(16, triton.next_power_of_2(d))
-    bm = 64 if half else 32
-    bn = 64 if bd <= 128 else 32
     rows = n * group
+    bm = block_m or block_rows(rows, half)
+    bn = 64 if bd <= 128 else 32
     row_blocks = triton.cdiv(rows, bm)
+    min_chunk = MIN_CHUNK if min_chunk is None else min_chunk
     if num_splits is None:
         sms = _sm_count(q.device.index or 0) if q.is_cuda else 4
-        num_splits = max(1, min(triton.cdiv(2 * sms, row_blocks * b * hkv), triton.cdiv(L, MIN_CHUNK), 64))
+        num_splits = max(1, min(triton.cdiv(2 * sms, row_blocks * b * hkv), triton.cdiv(L, max(min_chunk, bn)), 64))
     direct = num_splits == 1
     if direct:
         po = pml = out  # unused
@@ -205,7 +217,7 @@ def tree_attention_triton(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=N
     nw = 8 if bd * bm >= 64 * 128 else 4
     _tree_attn_split_kernel[(row_blocks, b * hkv, num_splits)](
         q, k_cache, v_cache, seqlen, anc, out, po, pml,
-        n, L, hkv, d, group, scale * 1.4426950408889634, num_splits, min_chunk if min_chunk is not None else MIN_CHUNK,
+        n, L, hkv, d, group, scale * 1.4426950408889634, num_splits, min_chunk,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *anc.stride(), *out.stride(),
         BM=bm, BN=bn, BD=bd, HALF=half, DIRECT=direct, num_warps=nw,
         **pdl.launch_args(),

@@ -31,6 +31,10 @@ from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
+RUN_METRICS = ("steps:", "drain_", "drafter_", "refresh_", "admission_", "admit_")
+"""The engine metrics recorded for every timed run (``engine_runs``), by name prefix."""
+
+
 class TimedCall:
     """One ``generate`` call timed run after run: made with one warm-up run of the same call (so the measured
     runs neither resize the cached engine, capture a graph nor compile a kernel: steady state)."""
@@ -63,6 +67,8 @@ class TimedCall:
         return {"tokens": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
                 "tokens_per_s_runs": [tokens / e for e, _, _ in runs],
                 "engine": engine,  # the median run's engine metrics: steps and GPU seconds per shape, admission, refresh
+                # every run's steps per shape, drafter refreshes and admission holds: what made a slow run slow
+                "engine_runs": [{k: v for k, v in m.items() if k.startswith(RUN_METRICS)} for _, _, m in runs],
                 "tau": tokens / steps if steps else None, "host_us_p50": outs[0].stats.get("host_us_p50"),
                 "outputs": [o.token_ids for o in outs],
                 "goodput": outs[0].stats.get("goodput")}

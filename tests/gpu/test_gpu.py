@@ -277,3 +277,30 @@ def test_half_ssm_state_graphed_equals_eager(gpu_models):
         eager = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40, cuda_graphs=False)
         graph = stree.generate(target, prompt, drafter=drafter, draft_model=d, max_new_tokens=40)
         assert graph.token_ids == eager.token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,nodes", [(4, 4, 1), (4, 4, 5), (4, 4, 16), (32, 8, 1), (32, 8, 5)])
+def test_tree_attention_matches_reference_at_few_rows(dtype, hq, hkv, nodes):
+    """The split-keys kernel at its defaults (16-row tile for few rows, 64-key slices) against the reference
+    in float64, NaN-poisoned, at decode and small-tree row counts and a few hundred to a thousand keys."""
+    from stree.kernels.compare import rel_err
+    from stree.kernels.tree_attention import tree_attention_ref
+    from stree.kernels.tree_attention_triton import tree_attention_triton
+    from stree.protocols.token_tree import ancestor_mask
+
+    gen = torch.Generator(device="cuda").manual_seed(hq * 100 + nodes)
+    b, cache, d = 3, 1104, 64 if hq == 4 else 128
+    parents = torch.randint(0, 1, (b, nodes), device="cuda")
+    for i in range(1, nodes):
+        parents[:, i] = torch.randint(0, i, (b,), device="cuda", generator=gen)
+    parents[:, 0] = -1
+    anc = ancestor_mask(parents)
+    q = torch.randn(b, nodes, hq, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(b, cache, hkv, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(b, cache, hkv, d, device="cuda", generator=gen).to(dtype)
+    seqlen = torch.tensor([0, 290, 1000 - nodes], device="cuda")
+    ref = tree_attention_ref(q.double(), k.double(), v.double(), seqlen, anc)
+    out = torch.full_like(q, float("nan"))
+    tree_attention_triton(q, k, v, seqlen, anc, out=out)
+    assert rel_err(out.double(), ref) < (1e-5 if dtype == torch.float32 else 2e-2)

@@ -40,6 +40,20 @@ def test_tree_attention_matches_reference(splits, min_chunk):
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("nodes,block_m", [(1, None), (5, None), (5, 32), (9, 16)])
+def test_few_rows_take_a_small_tile_and_still_match_the_reference(nodes, block_m):
+    """A decode step (one node) and small trees: the 16-row tile by default (``block_rows``), or a forced one."""
+    from stree.kernels.tree_attention_triton import block_rows
+
+    assert block_rows(16, half=False) == 16 and block_rows(17, half=False) == 32 and block_rows(17, half=True) == 64
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    q, k, v, seqlen, anc = _case(gen, [("chain", nodes), ("bushy", nodes)], 4, 2, 16, 150, [0, 130])
+    ref = tree_attention_ref(q, k, v, seqlen, anc)
+    out = torch.full_like(q, float("nan"))
+    tree_attention_triton(q, k, v, seqlen, anc, out=out, block_m=block_m)
+    assert rel_err(out, ref) < 1e-5
+
+
 def test_tree_attention_sdpa_variant_and_scale():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     q, k, v, seqlen, anc = _case(gen, [("star", 6)], 3, 1, 8, 30, [11])

@@ -56,7 +56,7 @@ def _fixed_costs(engine, cost: dict) -> None:
     """Make goodput control see fixed step costs (wall time on the CPU would make the test depend on the machine)."""
     observe = engine.goodput.observe
 
-    def fixed(shape, tau, seconds, refresh_s=0.0, sampled=False, emitted=None):
+    def fixed(shape, tau, seconds, refresh_s=0.0, sampled=False, emitted=None, refreshed=1):
         observe(shape, tau, cost[str(shape)], 0.0, sampled=sampled, emitted=emitted)
 
     engine.goodput.observe = fixed

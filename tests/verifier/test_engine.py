@@ -236,15 +236,20 @@ def test_a_draft_that_needed_a_drafter_refresh_is_charged_for_it(models):
     model, draft = models["mamba2"], models["draft"]
     engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)
     refresh = engine._refresh_drafter
-    engine._refresh_drafter = lambda: (_time.sleep(0.2), refresh())
+    engine._refresh_drafter = lambda: (_time.sleep(0.2), refresh())[1]
     seen = []
     observe = engine.goodput.observe
-    engine.goodput.observe = lambda shape, tau, seconds, refresh_s, **kw: (seen.append((str(shape), refresh_s)),
-                                                                           observe(shape, tau, seconds, refresh_s, **kw))
+
+    def seeing(shape, tau, seconds, refresh_s, **kw):
+        seen.append((str(shape), refresh_s, kw.get("refreshed")))
+        observe(shape, tau, seconds, refresh_s, **kw)
+
+    engine.goodput.observe = seeing
     engine.run([Request([5, 9, 13], max_new_tokens=12), Request([2], max_new_tokens=12)])
     assert engine.metrics["drafter_refreshes"] == 2
-    chain = [sec for shape, sec in seen if shape == "chain:2"]
-    assert chain and chain[0] >= 0.2 and all(sec < 0.2 for sec in chain[1:])
+    chain = [(sec, rows) for shape, sec, rows in seen if shape == "chain:2"]
+    # the refresh is charged with the number of sequences it prefilled (both): goodput prices refreshes per sequence
+    assert chain and chain[0][0] >= 0.2 and chain[0][1] == 2 and all(sec < 0.2 for sec, _ in chain[1:])
 
 
 def test_a_step_that_captured_a_graph_is_no_cost_sample(models):

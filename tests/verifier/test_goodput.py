@@ -163,9 +163,9 @@ def test_a_bad_explore_budget_is_refused():
         GoodputController([TreeShape.parse("none")], explore_budget=0.0)
 
 
-def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
-    """Leaving plain decoding to retry a draft first refreshes the stale drafter: the retry's expected loss counts
-    the refreshes' running mean, so the same draft is due later once refreshes were observed."""
+def _settled_on_plain():
+    """A controller over plain decoding and chain:3 (which loses 0.5 s a step), both measured and plain chosen on
+    merit, with a 10 % budget; returns it, its greedy chooser and the two shapes."""
     plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
     ctl = GoodputController([plain, chain], retry_every=1, min_samples=2, explore_budget=0.1)
     cost, tau = {"none": 1.0, "chain:3": 3.0}, {"none": 1.0, "chain:3": 2.5}  # chain loses 0.5 s per step
@@ -176,13 +176,39 @@ def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
         if chooser.current == plain:
             break
     assert chooser.current == plain
-    while chooser.clock - chooser.stats[chain].last_clock < 11.0:  # plain steps, outside choose: no retry runs
+    return ctl, chooser, plain, chain
+
+
+def _plain_steps_until(ctl, chooser, plain, chain, since: float) -> None:
+    """Plain steps, outside ``choose`` (so no retry runs), until ``since`` seconds passed since chain:3 last ran."""
+    while chooser.clock - chooser.stats[chain].last_clock < since:
         chooser.step += 1
         ctl.observe(plain, 1.0, 1.0)
+
+
+def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
+    """Leaving plain decoding to retry a draft first refreshes the stale drafter: the retry's expected loss counts
+    the refreshes' running mean, so the same draft is due later once refreshes were observed."""
+    ctl, chooser, plain, chain = _settled_on_plain()
+    _plain_steps_until(ctl, chooser, plain, chain, 11.0)
     assert chooser.refresh_s == 0.0 and chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s, 11 s since: 9 % < 10 %
     ctl.observe(plain, 1.0, 1.0, refresh_s=2.0)  # a refresh seen (its 1/32 share charged to that step)
     assert chooser.refresh_s == pytest.approx(2.0)
     assert not chooser._due(chain, plain)  # loss 1 + 2 s against 12 s: 25 % > 10 %
+
+
+def test_a_retry_from_plain_decoding_pays_one_refresh_per_running_sequence():
+    """A measured refresh counts per sequence it prefilled, and a retry from plain decoding is priced with one per
+    sequence of the step: due at batch 1, not at batch 8 (H200, trained pair: a retry priced with one sequence's
+    refresh refreshed all 16 or 64 and made its run 6-8 % slower than plain)."""
+    ctl, chooser, plain, chain = _settled_on_plain()
+    ctl.observe(plain, 1.0, 1.0, refresh_s=4.0, refreshed=8)  # eight sequences refreshed in 4 s
+    assert chooser.refresh_cost == pytest.approx(0.5)
+    _plain_steps_until(ctl, chooser, plain, chain, 16.0)
+    chooser.rows = 1
+    assert chooser._due(chain, plain)  # loss 2 steps x 0.5 + 0.5 = 1.5 s against 16 s since: within 10 %
+    chooser.rows = 8  # one step of eight sequences (min_samples 2), but eight refreshes: 0.5 + 8 x 0.5 = 4.5 s
+    assert chooser.burst_steps() == 1 and not chooser._due(chain, plain)
 
 
 def _primed(shapes, costs: dict, budget=0.02, **kw) -> GoodputController:
@@ -260,16 +286,8 @@ def test_before_a_refresh_is_measured_a_retry_from_plain_counts_the_guessed_one(
     """Until a drafter refresh has been measured, a retry from plain decoding counts the engine's guess (what an
     admission costs): the first retry must not be the one that finds out, at the run's expense, what a refresh of
     every running slot costs. A measured refresh replaces the guess."""
-    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
-    ctl = GoodputController([plain, chain], retry_every=1, min_samples=2, explore_budget=0.1)
-    cost, tau = {"none": 1.0, "chain:3": 3.0}, {"none": 1.0, "chain:3": 2.5}  # chain loses 0.5 s per step
-    chooser = ctl.mode()
-    while chooser.current != plain:
-        s = ctl.choose()
-        ctl.observe(s, tau[str(s)], cost[str(s)])
-    while chooser.clock - chooser.stats[chain].last_clock < 11.0:  # plain steps, outside choose: no retry runs
-        chooser.step += 1
-        ctl.observe(plain, 1.0, 1.0)
+    ctl, chooser, plain, chain = _settled_on_plain()
+    _plain_steps_until(ctl, chooser, plain, chain, 11.0)
     assert chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s against 11 s since: within 10 %
     ctl.guess_refresh(3.0)
     assert chooser.refresh_cost == 3.0 and not chooser._due(chain, plain)  # 1 + 3 s: over 10 %

@@ -148,6 +148,7 @@ class _Launched:
     timer: tuple  # (start, end) CUDA events, or the step's wall seconds on the CPU
     measured: bool = True  # False when the step also captured a graph: its time is no cost sample
     refresh_s: float = 0.0  # the drafter refresh this step needed first (wall seconds): part of its cost
+    refreshed: int = 0  # sequences that refresh prefilled
     sampled: bool = False  # some row sampled (goodput statistics are kept per sampling mode)
 
 
@@ -232,11 +233,11 @@ class Engine:
         return ctl
 
     def _guess_refresh(self, ctl: GoodputController) -> None:
-        """Until ``ctl`` measures a drafter refresh, it takes one to cost the refresh ``warm_up`` timed, else an
-        admission (a prefill of the target too: an overestimate that delayed auto's first drafts by hundreds of
-        steps on the H100, BENCHMARKS.md §0p). A drafter that is never deferred follows every step and is never
-        refreshed: nothing (an admission's guess kept auto on plain decoding through whole 128-token runs of the
-        2.7B oracle, whose drafts were free and right to depth 3, §0r)."""
+        """Until ``ctl`` measures a drafter refresh, it takes refreshing one sequence to cost the one-slot refresh
+        ``warm_up`` timed, else an admission (a prefill of the target too: an overestimate that delayed auto's
+        first drafts by hundreds of steps on the H100, BENCHMARKS.md §0p). A drafter that is never deferred follows
+        every step and is never refreshed: nothing (an admission's guess kept auto on plain decoding through whole
+        128-token runs of the 2.7B oracle, whose drafts were free and right to depth 3, §0r)."""
         if not self.defer_drafter:
             ctl.guess_refresh(0.0)
             return
@@ -630,16 +631,16 @@ class Engine:
         if self.num_running:
             sampled = self._any_sampled()
             shape = self._choose(sampled)
-            refresh_s = 0.0
+            refresh_s, refreshed = 0.0, 0
             if shape.kind not in ("none", "host") and any(self.stale[i] for i in self._running()):
                 emitted += self._drain()
                 t1 = time.perf_counter()
-                self._refresh_drafter()
+                refreshed = self._refresh_drafter()
                 refresh_s = time.perf_counter() - t1
                 self.metrics["refresh_s"] += refresh_s
             if self.num_running:
                 launched = self._launch(t0, shape, sampled)
-                launched.refresh_s = refresh_s
+                launched.refresh_s, launched.refreshed = refresh_s, refreshed
                 self.pending.append(launched)
         while self.pending and (len(self.pending) > 1 or not self.overlap or not self.num_running
                                 or self.host):
@@ -656,8 +657,9 @@ class Engine:
             out += self._collect(self.pending.popleft())
         return out
 
-    def _refresh_drafter(self) -> None:
-        """Prefill the stale drafter slots from their whole sequence before the root (prompt + output).
+    def _refresh_drafter(self) -> int:
+        """Prefill the stale drafter slots from their whole sequence before the root (prompt + output); returns how
+        many.
 
         Cheaper than keeping a drafter in step through long runs of plain steps that goodput control
         chose: it is paid only when a draft is chosen again. Needs every step collected (``_drain``).
@@ -668,6 +670,7 @@ class Engine:
             self.stale[i] = False
         self.backlog_len[slots] = 0
         self.metrics["drafter_refreshes"] += len(slots)
+        return len(slots)
 
     def _drop_cancelled(self) -> None:
         freed = False
@@ -815,6 +818,7 @@ class Engine:
             self.slow_prior.observe([a - 1 for a in accepted])
         if self.goodput is not None and accepted and step.measured:
             self.goodput.observe(step.shape, sum(accepted) / len(accepted), seconds, step.refresh_s,
+                                 refreshed=step.refreshed,
                                  sampled=step.sampled, emitted=accepted)
         return out
 

@@ -13,8 +13,9 @@ pays costs ever less; one that wins resets it. Retries
 come in bursts: when one shape is due, every shape at least half-way to its own retry is retried in
 the steps right after it, since they share one refresh of the engine's stale drafter slots. With an
 ``explore_budget`` (the engine uses 2 %) a retry also waits until the time it is expected to lose
-against the best shape (with the drafter refresh it pays in full when it leaves plain decoding: at batch 4
-on the H100 the refreshes, not the retried steps, made the exploring runs ~10 % slower than plain) is at
+against the best shape (with the drafter refresh it pays in full when it leaves plain decoding, one per running
+sequence: at batch 4 on the H100 the refreshes, not the retried steps, made the exploring runs ~10 % slower than
+plain) is at
 most that fraction of the measured time since the shape last ran: the
 steps-only rule spent 10-20 % of short runs re-measuring drafts that lose by far (measured on the
 H100 at batch 4, where auto ran at 0.82x plain while plain was its choice). The
@@ -109,8 +110,8 @@ class ShapeChooser:
         self.explore_budget = explore_budget
         self.clock = 0.0  # measured seconds of every step observed so far
         self.explore_spent = 0.0  # measured seconds lost by steps off the current shape (first looks, retries)
-        self.refresh_s = 0.0  # running mean of the drafter refreshes observed (a retry from plain pays one whole)
-        self.refresh_guess = 0.0  # what a refresh is taken to cost before one was measured (the engine sets it)
+        self.refresh_s = 0.0  # running mean of the drafter refresh per refreshed sequence (a retry from plain pays it)
+        self.refresh_guess = 0.0  # what refreshing one sequence is taken to cost before one was measured (the engine)
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
         self.depths = DepthAcceptance(self.min_samples)  # acceptance per depth, pooled over chain steps
         self._any_known_cost = False  # some shape's cost came from a timed replay (``prime``)
@@ -147,7 +148,8 @@ class ShapeChooser:
 
     @property
     def refresh_cost(self) -> float:
-        """The drafter refresh a step leaving plain decoding pays: the measured mean, else ``refresh_guess``."""
+        """The drafter refresh of one sequence that a step leaving plain decoding pays: the measured mean per
+        sequence, else ``refresh_guess``. A step of ``rows`` sequences pays it ``rows`` times (``_expected_loss``)."""
         return self.refresh_s or self.refresh_guess
 
     def measured(self, shape: TreeShape) -> bool:
@@ -277,19 +279,23 @@ class ShapeChooser:
         the drafter refresh when they leave plain decoding (first looks and retries alike)."""
         loss = self.burst_steps() * max(0.0, r.cost - (tau / rate if rate > 0 else 0.0))
         if r.shape.kind != "none" and self.current is not None and self.current.kind == "none":
-            loss += self.refresh_cost  # leaving plain decoding refreshes the stale drafter first
+            # leaving plain decoding refreshes every running sequence's stale drafter first: at batch 16 and 64 a
+            # retry priced with one sequence's refresh refreshed all of them, and the run that paid it was 6-8 %
+            # slower than plain (H200, trained pair, BENCHMARKS.md §0s)
+            loss += self.refresh_cost * self.rows
         return loss
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0,
-                emitted: list[int] | None = None) -> None:
+                emitted: list[int] | None = None, refreshed: int = 1) -> None:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
-        refresh of ``refresh_s`` (charged in part, see the module docstring). ``emitted``: the tokens each
-        sequence emitted (a chain step's per-depth acceptance; optional)."""
+        refresh of ``refreshed`` sequences that took ``refresh_s`` (charged in part, see the module docstring).
+        ``emitted``: the tokens each sequence emitted (a chain step's per-depth acceptance; optional)."""
         if self.current is not None and shape != self.current:  # exploring: what it lost against the current shape
             rate = self.rate(self.current)
             self.explore_spent += max(0.0, seconds + refresh_s - (tau / rate if rate > 0 else 0.0))
         if refresh_s > 0:
-            self.refresh_s = refresh_s if self.refresh_s == 0 else self.refresh_s + self.alpha * (refresh_s - self.refresh_s)
+            per = refresh_s / max(1, refreshed)
+            self.refresh_s = per if self.refresh_s == 0 else self.refresh_s + self.alpha * (per - self.refresh_s)
         seconds += refresh_s / self.refresh_steps
         r = self.stats[shape]
         rows = len(emitted) if emitted else 1
@@ -389,14 +395,15 @@ class GoodputController:
         return {(sampled, s): v for sampled, chooser in self.modes.items() for s, v in chooser.learned().items()}
 
     def guess_refresh(self, seconds: float) -> None:
-        """Take a drafter refresh to cost ``seconds`` in every mode (and modes made later) until one is measured."""
+        """Take refreshing one sequence's drafter to cost ``seconds`` in every mode (and modes made later) until a
+        refresh is measured."""
         self._refresh_guess = float(seconds)
         for chooser in self.modes.values():
             chooser.refresh_guess = self._refresh_guess
 
     def observe(self, shape: TreeShape, tau: float, seconds: float, refresh_s: float = 0.0,
-                sampled: bool = False, emitted: list[int] | None = None) -> None:
-        self.mode(sampled).observe(shape, tau, seconds, refresh_s, emitted)
+                sampled: bool = False, emitted: list[int] | None = None, refreshed: int = 1) -> None:
+        self.mode(sampled).observe(shape, tau, seconds, refresh_s, emitted, refreshed)
 
     def learned_depths(self) -> dict:
         """``{sampled: DepthAcceptance}`` (copies) of every mode whose chains measured some depth."""
