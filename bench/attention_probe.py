@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from stree.bench.common import cancel_all, plain_greedy, tee
+from stree.bench.common import cancel_all, demo_pair, plain_greedy, tee
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import tree_attention_triton as ta
 from stree.kernels.compare import rel_err
@@ -18,19 +18,15 @@ from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.kernels.tree_attention import tree_attention_ref
 from stree.protocols.token_tree import ancestor_mask
 from stree.verifier.decode.engine import Engine, Request
-from stree.verifier.model.checkpoint import load_model
 
 say = tee(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 torch.set_grad_enabled(False)
 dev = torch.device("cuda")
 OLD, NEW = (256, 0), (ta.MIN_CHUNK, ta.SMALL_ROWS)  # (MIN_CHUNK, SMALL_ROWS); 0 rows: never the 16-row tile
-VARIANTS = {"old (256, 32/64 rows)": dict(min_chunk=256, block_m=None, small=False),
-            "256, 16 rows": dict(min_chunk=256, block_m=16, small=True),
-            "128, 16 rows": dict(min_chunk=128, block_m=16, small=True),
-            "64, 32/64 rows": dict(min_chunk=64, block_m=None, small=False),
-            "new (64, 16 rows)": dict(min_chunk=64, block_m=16, small=True),
-            "32, 16 rows": dict(min_chunk=32, block_m=16, small=True)}
+# name -> (MIN_CHUNK, row tile); None: the tile for many rows (32 in fp32, 64 in bf16)
+VARIANTS = {"old (256, 32/64 rows)": (256, None), "256, 16 rows": (256, 16), "128, 16 rows": (128, 16),
+            "64, 32/64 rows": (64, None), "new (64, 16 rows)": (64, 16), "32, 16 rows": (32, 16)}
 
 
 def setting(min_chunk: int, small_rows: int) -> None:
@@ -48,11 +44,11 @@ def kernel_us(hq, hkv, d, dtype, batch, nodes, used, cache=1104) -> dict:
     seqlen = torch.full((batch,), used - nodes, device=dev)
     ref = tree_attention_ref(q.double(), ks[0].double(), vs[0].double(), seqlen, anc)
     out = {}
-    for name, v in VARIANTS.items():
-        rows = nodes * (hq // hkv)
-        if v["small"] and rows > 16:
+    rows = nodes * (hq // hkv)
+    for name, (min_chunk, tile) in VARIANTS.items():
+        if tile == 16 and rows > 16:
             continue  # the 16-row tile is for few rows only
-        kw = dict(min_chunk=v["min_chunk"], block_m=v["block_m"] or (64 if dtype != torch.float32 else 32))
+        kw = dict(min_chunk=min_chunk, block_m=tile or ta.block_rows(10**9, half=dtype != torch.float32))
         got = torch.full_like(q, float("nan"))
         ta.tree_attention_triton(q, ks[0], vs[0], seqlen, anc, out=got, **kw)
         err = rel_err(got.double(), ref)
@@ -62,8 +58,7 @@ def kernel_us(hq, hkv, d, dtype, batch, nodes, used, cache=1104) -> dict:
     return out
 
 
-target = load_model("checkpoints/demo-target", device=dev, dtype=torch.float32).eval()
-draft = load_model("checkpoints/demo-draft", device=dev, dtype=torch.float32).eval()
+target, draft = demo_pair(dev)
 gen = torch.Generator().manual_seed(0)
 prompts = [[int(t) for t in torch.randint(10, 8000, (200 + 7 * i,), generator=gen)] for i in range(4)]
 

@@ -9,13 +9,13 @@ import sys
 
 import torch
 
-from stree.bench.common import cancel_all, plain_greedy, tee
+from stree.bench.common import cancel_all, demo_pair, plain_greedy, tee
 from stree.bench.kernels import engine_beam_draft_ms
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.decode.engine import Engine, Request
-from stree.verifier.model.checkpoint import load_model, random_init_
+from stree.verifier.model.checkpoint import random_init_
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.lm import StreeLM
 
@@ -23,8 +23,7 @@ say = tee(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 torch.set_grad_enabled(False)
 dev = torch.device("cuda")
-target = load_model("checkpoints/demo-target", device=dev, dtype=torch.float32).eval()
-draft = load_model("checkpoints/demo-draft", device=dev, dtype=torch.float32).eval()
+target, draft = demo_pair(dev)
 gen = torch.Generator().manual_seed(0)
 prompts = [[int(t) for t in torch.randint(10, 8000, (40 + 3 * i,), generator=gen)] for i in range(16)]
 SHAPES = ("chain:4", "beam:4x2", "beam:5x3")

@@ -9,20 +9,18 @@ import sys
 
 import torch
 
-from stree.bench.common import cancel_all, plain_greedy, tee
+from stree.bench.common import cancel_all, demo_pair, plain_greedy, tee
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import norm_linear
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
-from stree.verifier.model.checkpoint import load_model
 
 say = tee(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 torch.set_grad_enabled(False)
 dev = torch.device("cuda")
-target = load_model("checkpoints/demo-target", device=dev, dtype=torch.float32).eval()
-draft = load_model("checkpoints/demo-draft", device=dev, dtype=torch.float32).eval()
+target, draft = demo_pair(dev)
 prompt = [int(t) for t in torch.randint(10, 8000, (40,), generator=torch.Generator().manual_seed(0))]
 real_use_fused = norm_linear.use_fused
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from stree.bench.common import cancel_all, plain_greedy, tee
+from stree.bench.common import cancel_all, demo_pair, plain_greedy, tee
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels.compare import rel_err
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
@@ -20,7 +20,6 @@ from stree.kernels.tree_conv_scan import tree_conv_scan_ref
 from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
-from stree.verifier.model.checkpoint import load_model
 
 say = tee(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
@@ -76,8 +75,7 @@ for name, shape in ({} if skip_kernels else SHAPES).items():
             row.append(step_us(shape, b))
             say(f"| {name} | {b} | {n} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
 
-target = load_model("checkpoints/demo-target", device=dev, dtype=torch.float32).eval()
-draft = load_model("checkpoints/demo-draft", device=dev, dtype=torch.float32).eval()
+target, draft = demo_pair(dev)
 prompt = [int(t) for t in torch.randint(10, 8000, (40,), generator=torch.Generator().manual_seed(0))]
 
 

@@ -111,6 +111,14 @@ def random_block_params(d: int, heads: int, headdim: int, d_state: int, dtype: t
         (0.0, float("inf")), rnd(d_ssm).abs() + 0.5, d_ssm, 1e-5, False, rnd(d, d_ssm, scale=d_ssm ** -0.5), None)
 
 
+def demo_pair(device, dtype: torch.dtype = torch.float32):
+    """The trained demo pair (``checkpoints/demo-target``, ``checkpoints/demo-draft``) on ``device`` in eval mode: the
+    models the GPU probes in ``bench/`` time."""
+    from stree.verifier.model.checkpoint import load_model
+
+    return tuple(load_model(f"checkpoints/demo-{name}", device=device, dtype=dtype).eval() for name in ("target", "draft"))
+
+
 def plain_greedy(model, prompt: list[int], n: int = 48) -> list[int]:
     """``n`` tokens of plain greedy decoding after ``prompt`` (prefill, then one-token steps): what the GPU probes in
     ``bench/`` check an engine's greedy output against before they time it."""

@@ -128,4 +128,5 @@ def test_batch_bench_pair_rows_per_admission_hold(tmp_path, jsonl_files):
     assert all(r["output_equals_plain_greedy"] for r in rows[1:])
     # each run's steps per shape beside the median run's metrics (one run here): plain rows ran plain steps only
     assert all(len(r["engine_runs"]) == 1 for r in rows)
-    assert rows[0]["engine_runs"][0]["steps:none"] > 0 and not any(k.startswith("steps:") and k != "steps:none" for k in rows[0]["engine_runs"][0])
+    plain_run = rows[0]["engine_runs"][0]
+    assert plain_run["steps:none"] > 0 and not any(k.startswith("steps:") and k != "steps:none" for k in plain_run)

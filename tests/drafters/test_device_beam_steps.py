@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_draft_helpers import prefilled_drafter, states_close
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter, beam_draft_setting
 from stree.kernels import backend
-from device_draft_helpers import prefilled_drafter, states_close
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
-
 
 
 def _paths(parents: torch.Tensor, gen: torch.Generator):
@@ -42,7 +41,8 @@ def test_beam_by_steps_drafts_and_commits_what_tree_passes_do(models, kernels, t
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (3, 9, 1)]
     backend.use(kernels)
     try:
-        steps, trees = prefilled_drafter(model, contexts, beam_steps=True), prefilled_drafter(model, contexts, beam_steps=False)
+        steps = prefilled_drafter(model, contexts, beam_steps=True)
+        trees = prefilled_drafter(model, contexts, beam_steps=False)
         assert steps.beam_steps and not trees.beam_steps
         before = steps.state.clone()
         shape = TreeShape.parse(tree)
@@ -69,7 +69,8 @@ def test_sampled_rows_score_beams_by_the_warped_law(models):
     model = models["draft"]
     gen = torch.Generator().manual_seed(7)
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (4, 6)]
-    steps, trees = prefilled_drafter(model, contexts, beam_steps=True), prefilled_drafter(model, contexts, beam_steps=False)
+    steps = prefilled_drafter(model, contexts, beam_steps=True)
+    trees = prefilled_drafter(model, contexts, beam_steps=False)
     sampling = RowSampling(torch.tensor([0.0, 0.7]), torch.tensor([0, 5]), torch.ones(2))
     roots = torch.randint(0, model.vocab_size, (2,), generator=gen)
     shape = TreeShape.parse("beam:3x3")

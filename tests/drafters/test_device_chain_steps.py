@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_draft_helpers import prefilled_drafter, states_close
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter, chain_draft_setting
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
 from stree.kernels import backend
-from device_draft_helpers import prefilled_drafter, states_close
 
 
 
@@ -26,7 +26,8 @@ def test_chain_by_steps_drafts_and_commits_what_tree_passes_do(models, kernels, 
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (3, 9, 1)]
     backend.use(kernels)
     try:
-        steps, trees = prefilled_drafter(model, contexts, chain_steps=True), prefilled_drafter(model, contexts, chain_steps=False)
+        steps = prefilled_drafter(model, contexts, chain_steps=True)
+        trees = prefilled_drafter(model, contexts, chain_steps=False)
         assert steps.chain_steps and not trees.chain_steps
         before = steps.state.clone()
         roots = torch.randint(0, model.vocab_size, (3,), generator=gen)
@@ -53,7 +54,8 @@ def test_sampled_chain_by_steps_records_each_picks_law(models):
     model = models["draft"]
     gen = torch.Generator().manual_seed(3)
     contexts = [torch.randint(0, model.vocab_size, (k,), generator=gen) for k in (5, 2)]
-    steps, trees = prefilled_drafter(model, contexts, chain_steps=True), prefilled_drafter(model, contexts, chain_steps=False)
+    steps = prefilled_drafter(model, contexts, chain_steps=True)
+    trees = prefilled_drafter(model, contexts, chain_steps=False)
     sampling = RowSampling(torch.tensor([0.0, 1.0]), torch.zeros(2, dtype=torch.long), torch.ones(2))
     roots = torch.randint(0, model.vocab_size, (2,), generator=gen)
     shape = TreeShape.parse("chain:3")

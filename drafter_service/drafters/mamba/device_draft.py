@@ -79,7 +79,6 @@ class DeviceTreeDrafter:
         self.state = self.model.new_state(batch_size, max_seqlen)
         self.scratch = self.model.new_state(batch_size, max_seqlen) if self.chain_steps else None
         self.beam_scratch = {}
-        self.max_seqlen = max_seqlen
         self.prefiller = PrefillRunner(self.model, batch_size, max_seqlen)
         self._layout = {}
 
@@ -210,7 +209,7 @@ class DeviceTreeDrafter:
         if m not in self.beam_scratch:
             dev = self.state.seqlen.device
             offsets = torch.arange(b, device=dev) * m
-            self.beam_scratch[m] = (self.model.new_state(b * m, self.max_seqlen),
+            self.beam_scratch[m] = (self.model.new_state(b * m, self.state.max_seqlen),
                                     torch.arange(b, device=dev).repeat_interleave(m), offsets[:, None])
         return self.beam_scratch[m]
 
