@@ -29,7 +29,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, d, eps,
     tl.store(out_ptr + row * d + cols, (r * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True):
+def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True, *, num_warps=None):
     d = x.shape[-1]
     xf = x.contiguous().view(-1, d)
     rows = xf.shape[0]
@@ -37,7 +37,8 @@ def add_rmsnorm_triton(x, residual, weight, eps, residual_in_fp32=True):
     rout = torch.empty(rows, d, device=x.device, dtype=torch.float32 if residual_in_fp32 else x.dtype)
     res = residual.contiguous().view(-1, d) if residual is not None else xf
     _add_rmsnorm_kernel[(rows,)](xf, res, weight, out, rout, d, eps, HAS_RES=residual is not None,
-                                 BLOCK=triton.next_power_of_2(d), **pdl.launch_args(x.device))
+                                 BLOCK=triton.next_power_of_2(d), num_warps=num_warps or row_warps(d),
+                                 **pdl.launch_args(x.device))
     return out.view(x.shape), rout.view(x.shape)
 
 
@@ -60,6 +61,13 @@ def _gated_rmsnorm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, d, group_size, eps, s_y,
     tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+def row_warps(width: int) -> int:
+    """Warps of a one-row norm program (``num_warps`` overrides it): one warp per 512 (padded) elements, 4 to 16 warps.
+    Measured on the H200 (2026-11-27, bf16, Mamba2-2.7B, 1-32 rows): the 5120-wide gated norm 3.38 us at 4 warps,
+    2.45 at 16; the 2560-wide add norm 1.77 at 4, 1.67 at 8."""
+    return min(16, max(4, triton.next_power_of_2(width) // 512))
+
+
 def row_major(t: torch.Tensor, d: int) -> torch.Tensor:
     """``t`` as ``[rows, d]`` with unit column stride, a view where the strides allow (else a copy): a column
     slice of in_proj's output costs no copy, since the kernels take row strides."""
@@ -67,7 +75,7 @@ def row_major(t: torch.Tensor, d: int) -> torch.Tensor:
     return t2 if t2.stride(1) == 1 or d == 1 else t2.contiguous()
 
 
-def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
+def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False, *, num_warps=None):
     d = y.shape[-1]
     if d % group_size:
         raise ValueError(f"gated_rmsnorm: width {d} is not a multiple of group_size {group_size}")
@@ -75,5 +83,6 @@ def gated_rmsnorm_triton(y, z, weight, group_size, eps, norm_before_gate=False):
     out = torch.empty(yf.shape, device=y.device, dtype=y.dtype)
     _gated_rmsnorm_kernel[(yf.shape[0], d // group_size)](
         yf, zf, weight, out, d, group_size, eps, yf.stride(0), zf.stride(0), NORM_BEFORE_GATE=norm_before_gate,
-        BLOCK=triton.next_power_of_2(group_size), **pdl.launch_args(y.device))
+        BLOCK=triton.next_power_of_2(group_size), num_warps=num_warps or row_warps(group_size),
+        **pdl.launch_args(y.device))
     return out.view(y.shape)

@@ -108,17 +108,20 @@ def _replay_kernel(
                      val.to(cs_ptr.dtype.element_ty), mask=ch_ok[:, None] & t_ok[None, :])
 
 
-def _launch(ssm, conv, path, path_len, path_is_arange):
+def _launch(ssm, conv, path, path_len, path_is_arange, block_p=None, block_s=None, num_warps=None):
     """One launch over the SSM part ``ssm = (state, x, dt, A, Bm)`` and/or the conv part ``conv = (state, xBC)``,
-    each tensor with a leading layer axis (``[L, ...]``; one layer: ``L = 1``)."""
+    each tensor with a leading layer axis (``[L, ...]``; one layer: ``L = 1``); ``block_p``, ``block_s`` and
+    ``num_warps`` override the SSM tile."""
     ref = path_len
     b = path_len.shape[0]
     layers = (ssm or conv)[0].shape[0]
     if ssm is not None:
         ssm_state, x, dt, A, Bm = ssm
         h, p, s = x.shape[3], x.shape[4], Bm.shape[4]
-        bp = min(32, max(16, triton.next_power_of_2(p)))
-        bs = min(64, max(16, triton.next_power_of_2(s)))
+        # 64 headdim channels where a layer has 64+ (sequence, head) pairs to spread: measured on the H200
+        # (2026-11-27, Mamba2-2.7B, fp32 state, batch 1) the whole-model commit took 143 against 158 us at 32
+        bp = block_p or min(64 if b * h >= 64 else 32, max(16, triton.next_power_of_2(p)))
+        bs = block_s or min(64, max(16, triton.next_power_of_2(s)))
         n_pblocks, n_sblocks = triton.cdiv(p, bp), triton.cdiv(s, bs)
         n_ssm, hpg = b * h * n_pblocks * n_sblocks, h // Bm.shape[3]
         ssm_strides = (*ssm_state.stride()[1:], *x.stride()[1:], *dt.stride()[1:], *Bm.stride()[1:])
@@ -152,7 +155,7 @@ def _launch(ssm, conv, path, path_len, path_is_arange):
         ssm_layer[0], conv_layer[0], *ssm_layer[1:], conv_layer[1],
         *s_h, *conv_strides[0:3], *s_x, *s_d, *s_B, *conv_strides[3:6], *path.stride(),
         KM1=km1, KM1_P2=max(2, triton.next_power_of_2(max(km1, 1))), DO_SSM=n_ssm > 0, DO_CONV=n_conv > 0,
-        PATH_IS_ARANGE=path_is_arange, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=4,
+        PATH_IS_ARANGE=path_is_arange, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=num_warps or 4,
         **pdl.launch_args(),
     )
 
@@ -175,14 +178,16 @@ def replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
             False)
 
 
-def replay_layers_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
-    """Triton ``replay_layers_ref``: every layer of the stacked ``[L, ...]`` tensors committed in ONE launch."""
+def replay_layers_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len, *, block_p=None, block_s=None,
+                         num_warps=None):
+    """Triton ``replay_layers_ref``: every layer of the stacked ``[L, ...]`` tensors committed in ONE launch
+    (``block_p``, ``block_s``, ``num_warps``: the SSM tile, as ``_launch``)."""
     if not (ssm_state.dim() == 5 and x.dim() == 5 and A.dim() == 2 and conv_state.dim() == 4
             and len({t.shape[0] for t in (ssm_state, conv_state, x, dt, A, Bm, xBC)}) == 1):
         raise ValueError("replay_layers: every tensor needs one leading layer axis of the same length "
                          f"(ssm_state {tuple(ssm_state.shape)}, x {tuple(x.shape)}, A {tuple(A.shape)})")
     _check(ssm_state[0], conv_state[0], x[0], Bm[0], xBC[0], path, path_len, "replay_layers")
-    _launch((ssm_state, x, dt, A, Bm), (conv_state, xBC), path, path_len, False)
+    _launch((ssm_state, x, dt, A, Bm), (conv_state, xBC), path, path_len, False, block_p, block_s, num_warps)
 
 
 def replay_ssm_chain_triton(ssm_state, x, dt, A, Bm, length):

@@ -6,10 +6,12 @@ above the root read the committed conv state), computes its head's dt, then runs
 scan from those registers (ancestor mask by boolean squaring, tree cumsum, C H_0^T, C B^T, W X,
 D skip). The B/C convs are recomputed by every head of a group (cheap next to a launch) and stored
 by the group's first head only, dt by the first headdim block, so nothing is written twice.
-The kernel takes trees of up to ``SMALL_MAX_NODES`` nodes, but is used by default only up to
-``FUSED_MAX_NODES`` (16 padded nodes): measured on the H100 (2026-11-24, bf16, Mamba2-2.7B shape) it
-is on par with the two kernels at 8-16 nodes and much slower at 32-64 (the per-head recomputed B/C
-convs of a large tile), while it saves a launch per layer on small trees. Larger trees, ``d_state > 256``
+The kernel takes trees of up to ``FUSED_LIMIT`` nodes, but is used by default only for float32 trees of up to
+``FUSED_MAX_NODES`` (16 padded nodes), where it saves a launch per layer. Measured on the H200 (2026-11-27) once
+the unfused tree conv had programs enough to fill the GPU: the demo target (fp32) took 505 against 526 us per tree
+pass at 16 nodes (and within 2 % at 4-8), while at the bf16 Mamba2-2.7B shape the two kernels won at every size
+(8.7 against 11.0 us per layer at 16 nodes; the fused tile recomputes the group's B/C convs per head), so half
+precision takes the fused kernel only when asked (``FUSED_MAX_NODES_HALF`` = 0). Larger trees, ``d_state > 256``
 or conv width 1 run the two unfused kernels (``tree_conv_dt_triton`` then ``tree_scan_triton``).
 """
 
@@ -26,11 +28,16 @@ from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
 from stree.kernels.tree_conv_triton import (conv_scan_program, conv_tiles, softplus_dt, store_tree_acts,
                                             tree_conv1d_triton)
-from stree.kernels.tree_scan_triton import (SMALL_MAX_NODES, SMALL_MAX_STATE, c_dot_bt, small_tree_head,
+from stree.kernels.tree_scan_triton import (SMALL_MAX_STATE, c_dot_bt, small_tree_head,
                                             small_tree_mask, tree_scan_triton)
 
 FUSED_MAX_NODES = 16
-"""Largest padded tree routed to the fused kernel by default (see the module docstring)."""
+"""Largest padded float32 tree routed to the fused kernel by default (see the module docstring)."""
+FUSED_MAX_NODES_HALF = 0
+"""The same for bf16 / fp16 trees: none (the two kernels measured faster at every size)."""
+FUSED_LIMIT = 32
+"""Largest tree the fused kernel ever takes (``max_fused_nodes`` is capped to it): on the H200 (2026-11-27, triton
+3.6, bf16 Mamba2-2.7B) its 64-node tile took 200 us at 16 channels x 4 warps and faulted at 16 x 8."""
 
 
 @triton.jit
@@ -89,16 +96,17 @@ def _check_inputs(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, A, 
 
 
 def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt_limit, activation,
-                          A, D, ngroups, headdim, ssm_state, *, out=None, pre=None, max_fused_nodes=FUSED_MAX_NODES,
+                          A, D, ngroups, headdim, ssm_state, *, out=None, pre=None, max_fused_nodes=None,
                           is_chain=False, block_p=None, num_warps=None, chain_max_nodes=None):
     """Triton ``tree_conv_scan_ref``: ``(y, xbc, dt)`` in one launch; both states are read only.
 
     ``out = (y, xbc, dt)`` (optional; a None entry is allocated) receives the outputs, ``pre`` (optional,
-    ``[B, N, C]``) a copy of ``xBC`` for the commit. Trees over ``max_fused_nodes`` (at most
-    ``SMALL_MAX_NODES``) nodes run the two unfused kernels. ``is_chain=True`` treats every tree as the
-    chain ``parents[i] = i - 1`` (no parent loads, no mask closure); ``block_p``/``num_warps`` tune the tile.
-    Chains of up to ``chain_max_nodes`` nodes (default ``CHAIN_MAX_NODES``, 0 under ``STREE_CHAIN_SCAN=tile``) run
-    the sequential chain kernel (``chain_conv_scan_triton``) instead of the whole-tree tile.
+    ``[B, N, C]``) a copy of ``xBC`` for the commit. Trees over ``max_fused_nodes`` (at most ``FUSED_LIMIT``;
+    default ``FUSED_MAX_NODES``, or ``FUSED_MAX_NODES_HALF`` in half precision) nodes run the two unfused
+    kernels. ``is_chain=True`` treats every tree as the chain ``parents[i] = i - 1`` (no parent loads, no mask
+    closure); ``block_p``/``num_warps`` tune the tile. Chains of up to ``chain_max_nodes`` nodes (default
+    ``CHAIN_MAX_NODES``, 0 under ``STREE_CHAIN_SCAN=tile``; at most ``FUSED_MAX_NODES``) run the sequential chain
+    kernel (``chain_conv_scan_triton``) first, whatever ``max_fused_nodes`` says.
     """
     if activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"tree_conv_scan kernel: activation {activation!r} is not fused (only silu)")
@@ -117,20 +125,23 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
         raise ValueError(f"tree_conv_scan: out {tuple(y.shape)} / {tuple(xbc.shape)} / {tuple(dt.shape)} must be "
                          f"[{b}, {n}, {h}, {p}] / [{b}, {n}, {c}] in {xBC.dtype} / [{b}, {n}, {h}] float32")
     width = conv_w.shape[1]
-    if n > min(max_fused_nodes, SMALL_MAX_NODES) or s > SMALL_MAX_STATE or width < 2:  # the two unfused kernels
+    half = xBC.dtype in (torch.float16, torch.bfloat16)
+    lo, hi = dt_limit
+    if chain_max_nodes is None:
+        chain_max_nodes = CHAIN_MAX_NODES if chain_scan_setting() == "seq" else 0
+    bp = _block_p(p, half, block_p)
+    fits = s <= SMALL_MAX_STATE and width >= 2
+    if fits and is_chain and n <= min(chain_max_nodes, FUSED_MAX_NODES):  # short chains: the sequential kernel
+        launch_chain_conv_scan(xBC, conv_state, conv_w, conv_b, dt_raw, dt_bias, A, D, ssm_state, y, xbc, dt, pre,
+                               h, p, s, ngroups, lo, hi, width, half, bp, num_warps)
+        return y, xbc, dt
+    if max_fused_nodes is None:
+        max_fused_nodes = FUSED_MAX_NODES_HALF if half else FUSED_MAX_NODES
+    if not fits or n > min(max_fused_nodes, FUSED_LIMIT):  # the two unfused kernels
         tree_conv1d_triton(xBC, conv_state, conv_w, conv_b, parents, activation, out=xbc,
                            dt=(dt_raw, dt_bias, dt_limit, dt), is_chain=is_chain, pre=pre)
         x, Bm, Cm = split_xbc(xbc, ngroups, p, s)
         tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, out=y, is_chain=is_chain)
-        return y, xbc, dt
-    lo, hi = dt_limit
-    half = xBC.dtype in (torch.float16, torch.bfloat16)
-    if chain_max_nodes is None:
-        chain_max_nodes = CHAIN_MAX_NODES if chain_scan_setting() == "seq" else 0
-    bp = _block_p(p, half, block_p)
-    if is_chain and n <= chain_max_nodes:
-        launch_chain_conv_scan(xBC, conv_state, conv_w, conv_b, dt_raw, dt_bias, A, D, ssm_state, y, xbc, dt, pre,
-                               h, p, s, ngroups, lo, hi, width, half, bp, num_warps)
         return y, xbc, dt
     bn = max(16, triton.next_power_of_2(n))
     _tree_conv_scan_kernel[(b * h, triton.cdiv(p, bp))](

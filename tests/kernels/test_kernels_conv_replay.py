@@ -37,17 +37,23 @@ def test_tree_conv_matches_reference(width, with_bias):
     assert torch.equal(state, before), "the tree conv must not change the committed state"
 
 
+@pytest.mark.parametrize("block_c", [None, 32, 128])
 @pytest.mark.parametrize("heads,dt_limit", [(3, (0.0, float("inf"))), (70, (0.05, 2.0))])
-def test_tree_conv_with_dt_matches_reference(heads, dt_limit):
+def test_tree_conv_with_dt_matches_reference(heads, dt_limit, block_c):
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     parents = padded_batch([("deep", 19), ("bushy", 11)], gen)  # 19 nodes: two node blocks
     b, n = parents.shape
-    c = 150  # two channel blocks: only the first computes dt
+    c = 150  # two to five channel blocks, then one or two blocks of dt programs (64 heads each)
     xbc, state = torch.randn(b, n, c, generator=gen), torch.randn(b, c, 3, generator=gen)
     weight, bias = torch.randn(c, 4, generator=gen), torch.randn(c, generator=gen)
     wide = torch.randn(b, n, heads + 5, generator=gen) * 3  # dt_raw is a column slice, as from in_proj
     dt_raw, dt_bias = wide[..., 5:], torch.randn(heads, generator=gen)
-    out, dt = tree_conv_dt_triton(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit)
+    if block_c is None:
+        out, dt = tree_conv_dt_triton(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit)
+    else:
+        out, dt = torch.full_like(xbc, float("nan")), torch.full(dt_raw.shape, float("nan"))
+        tree_conv1d_triton(xbc, state, weight, bias, parents, out=out, dt=(dt_raw, dt_bias, dt_limit, dt),
+                           block_c=block_c)
     ref_out, ref_dt = tree_conv_dt_ref(xbc, state, weight, bias, parents, dt_raw, dt_bias, dt_limit)
     assert rel_err(out, ref_out) < 1e-5 and rel_err(dt, ref_dt) < 1e-5 and dt.dtype == torch.float32
     with pytest.raises(ValueError, match="activation"):
@@ -105,11 +111,12 @@ def test_replay_rejects_mismatched_shapes():
                       torch.ones(1, dtype=torch.long))
 
 
-def test_replay_layers_commits_every_layer_in_one_launch():
+@pytest.mark.parametrize("h, p, block_p", [(4, 8, None), (24, 40, None), (4, 8, 16)])
+def test_replay_layers_commits_every_layer_in_one_launch(h, p, block_p):
     """Stacked ``[L, ...]`` states and activations, as the model lays them out (state rows a slice of a larger
     pool, x and B column slices of one post-conv tensor): one launch equals the per-layer reference."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    layers, b, n, h, p, g, s, k = 3, 3, 9, 4, 8, 2, 16, 4
+    layers, b, n, g, s, k = 3, 3, 9, 2, 16, 4  # 24 heads x 3 rows: the 64-channel default tile over 40 channels
     c = h * p + 2 * g * s
     parents = padded_batch([("bushy", 9), ("chain", 6), ("binary", 7)], gen)
     paths = [[0, 1], list(range(6)), [0]]
@@ -128,7 +135,8 @@ def test_replay_layers_commits_every_layer_in_one_launch():
     want_ssm, want_conv = pool_ssm.clone(), pool_conv.clone()
     replay_layers_ref(want_ssm[:, 1:b + 1], want_conv[:, 1:b + 1], x, dt, A, Bm, pre, path, path_len)
     with count_launches() as counted:
-        replay_layers_triton(pool_ssm[:, 1:b + 1], pool_conv[:, 1:b + 1], x, dt, A, Bm, pre, path, path_len)
+        replay_layers_triton(pool_ssm[:, 1:b + 1], pool_conv[:, 1:b + 1], x, dt, A, Bm, pre, path, path_len,
+                             block_p=block_p)
     assert counted["triton._replay_kernel"] == 1
     assert rel_err(pool_ssm, want_ssm) < 1e-5
     assert torch.equal(pool_conv, want_conv)

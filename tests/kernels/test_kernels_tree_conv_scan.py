@@ -15,7 +15,7 @@ from kernel_trees import padded_batch, rel_err  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
 from stree.kernels import backend, ops  # noqa: E402
 from stree.kernels.tree_conv_scan import tree_conv_scan_ref  # noqa: E402
-from stree.kernels.tree_conv_scan_triton import FUSED_MAX_NODES, tree_conv_scan_triton  # noqa: E402
+from stree.kernels.tree_conv_scan_triton import FUSED_LIMIT, FUSED_MAX_NODES, tree_conv_scan_triton  # noqa: E402
 
 
 def _inputs(gen, parents, heads, headdim, groups, d_state, width, bias, dt_limit):
@@ -50,8 +50,8 @@ def _check(args, **kw):
     ([("chain", 9), ("star", 7), ("deep", 13)], 2, 8, 1, 12, 4, True, (0.0, float("inf"))),
     # two groups of two heads, two headdim blocks (40 = 32 + 8), width 2, no bias, dt clamped both ways
     ([("bushy", 17), ("binary", 11)], 4, 40, 2, 10, 2, False, (0.05, 1.5)),
-    # one tree of 64 nodes (the largest single tile), clamped from above only
-    ([("deep", 64)], 2, 8, 2, 20, 4, True, (0.0, 0.8)),
+    # one tree of 32 nodes (the largest fused tile, FUSED_LIMIT), clamped from above only
+    ([("deep", 32)], 2, 8, 2, 20, 4, True, (0.0, 0.8)),
 ])
 def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d_state, width, bias, dt_limit):
     """The fused kernel at every tile size it takes (routing by default stops at FUSED_MAX_NODES)."""
@@ -60,6 +60,14 @@ def test_fused_tree_conv_scan_matches_reference(specs, heads, headdim, groups, d
     with count_launches() as c:
         _check(args, max_fused_nodes=64)
     assert c["triton._tree_conv_scan_kernel"] == 1
+
+
+def test_trees_over_the_fused_limit_take_the_two_kernels_even_when_asked():
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    args = _inputs(gen, padded_batch([("bushy", FUSED_LIMIT + 1)], gen), 2, 8, 1, 8, 4, True, (0.0, 1.0))
+    with count_launches() as c:
+        _check(args, max_fused_nodes=64)
+    assert c["triton._tree_conv_kernel"] == 1 and c["triton._tree_conv_scan_kernel"] == 0
 
 
 def test_trees_over_the_fused_size_take_the_two_kernels_by_default():
