@@ -26,9 +26,17 @@ def head_block(pid, H, heads_per_group, n_pblocks, BP: tl.constexpr):
 @triton.jit
 def update_state_block(h_bh_ptr, offs_p, offs_s, mask, s_hp, s_hs, decay, dtx, bv, cv):
     """``H = decay H + dtx B^T`` on one [P block, S block] tile, stored back; returns its ``C^T H`` part of y."""
+    return update_state_block_to(h_bh_ptr, h_bh_ptr, offs_p, offs_s, mask, s_hp, s_hs, s_hp, s_hs, decay, dtx, bv, cv)
+
+
+@triton.jit
+def update_state_block_to(h_bh_ptr, o_bh_ptr, offs_p, offs_s, mask, s_hp, s_hs, s_op, s_os, decay, dtx, bv, cv):
+    """``update_state_block`` reading the tile at ``h_bh_ptr`` and storing the new one at ``o_bh_ptr`` (may be the
+    same)."""
     ptrs = h_bh_ptr + offs_p[:, None] * s_hp + offs_s[None, :] * s_hs
     new = decay * tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + dtx[:, None] * bv[None, :]
-    tl.store(ptrs, new.to(h_bh_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_bh_ptr + offs_p[:, None] * s_op + offs_s[None, :] * s_os, new.to(o_bh_ptr.dtype.element_ty),
+             mask=mask)
     return tl.sum(new * cv[None, :], 1)
 
 
@@ -85,13 +93,21 @@ def conv_taps(cs_ptr, x_ptr, w_ptr, bias_ptr, ch, ok, s_sc, s_sk, s_xc, s_wc, s_
 @triton.jit
 def roll_conv_state(cs_ptr, x_ptr, ch, ok, s_sc, s_sk, s_xc, KM1: tl.constexpr, K_P2: tl.constexpr):
     """Shift channels ``ch`` of the conv state left by one and append the new input."""
+    roll_conv_state_to(cs_ptr, cs_ptr, x_ptr, ch, ok, s_sc, s_sk, s_sc, s_sk, s_xc, KM1, K_P2)
+
+
+@triton.jit
+def roll_conv_state_to(cs_ptr, out_ptr, x_ptr, ch, ok, s_sc, s_sk, s_oc, s_ok, s_xc, KM1: tl.constexpr,
+                       K_P2: tl.constexpr):
+    """``roll_conv_state`` reading the state at ``cs_ptr`` and storing the rolled one at ``out_ptr`` (may be the
+    same)."""
     k = tl.arange(0, K_P2)
     xv = tl.load(x_ptr + ch * s_xc, mask=ok, other=0.0)
     nxt = tl.load(cs_ptr + ch[:, None] * s_sc + (k + 1)[None, :] * s_sk,
                   mask=ok[:, None] & (k + 1 < KM1)[None, :], other=0.0)
     rolled = tl.where((k + 1 == KM1)[None, :], xv[:, None].to(nxt.dtype), nxt)
     tl.debug_barrier()  # every old column is read before any is overwritten
-    tl.store(cs_ptr + ch[:, None] * s_sc + k[None, :] * s_sk, rolled.to(cs_ptr.dtype.element_ty),
+    tl.store(out_ptr + ch[:, None] * s_oc + k[None, :] * s_ok, rolled.to(out_ptr.dtype.element_ty),
              mask=ok[:, None] & (k < KM1)[None, :])
 
 

@@ -69,9 +69,10 @@ def _mamba_block_step_kernel(
     if PHASE == 0 or PHASE == 2:  # conv + dt + SSM update -> y + D x, one (sequence, head, headdim block) per item
         for it in range(pid, M * H * n_pblocks, nprog):
             mamba_step_item(it, cs_ptr, h_ptr, xbc_ptr, dtr_ptr, cw_ptr, cb_ptr, dtb_ptr, A_ptr, D_ptr, y_ptr,
-                            sync_ptr + 4, H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
+                            sync_ptr + 4, cs_ptr, cs_ptr, h_ptr, H, P, S, G, heads_per_group, n_pblocks, dt_lo, dt_hi,
                             s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs, s_zxm, 1, s_zxm, 1, s_wc, s_wk, s_ym, 1,
-                            KM1, K_P2, CONV_BIAS, True, D_PER_CHANNEL, CLAMP, BP, BS)
+                            s_sb, s_sc, s_sk, s_hb, s_hh, s_hp, s_hs,
+                            KM1, K_P2, CONV_BIAS, True, D_PER_CHANNEL, CLAMP, BP, BS, False, False)
     if PHASE == 0:
         grid_barrier(sync_ptr, 2 * nprog)
     if PHASE == 0 or PHASE == 3:  # gated RMSNorm + out_proj -> out

@@ -101,15 +101,18 @@ def replay_layers(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
     return get("replay_layers", x.device)(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len)
 
 
-def mamba_step(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation):
-    """The whole decode step after in_proj (conv, activation, dt, state update, y + D x) in one launch.
+def mamba_step(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation,
+               src_rows=None, new_states=None):
+    """The whole decode step after in_proj (conv, activation, dt, state update, y + D x) in one launch; in place, or
+    into ``new_states`` with row b stepping row ``src_rows[b]`` of the given states (``mamba_step_ref``).
 
     The fused kernel takes SiLU and conv width >= 2; anything else runs the reference.
     """
     op = get("mamba_step", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
         op = _load(_OPS["mamba_step"][0])
-    return op(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation)
+    return op(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bias, A, D, ngroups, dt_limit, activation,
+              src_rows=src_rows, new_states=new_states)
 
 
 def ssd_step(ssm_state, x, dt, A, Bm, Cm, D):

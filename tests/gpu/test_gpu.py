@@ -304,3 +304,73 @@ def test_tree_attention_matches_reference_at_few_rows(dtype, hq, hkv, nodes):
     out = torch.full_like(q, float("nan"))
     tree_attention_triton(q, k, v, seqlen, anc, out=out)
     assert rel_err(out.double(), ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("dtype, state_dtype, tol", [(torch.float32, torch.float32, 1e-5),
+                                                     (torch.bfloat16, torch.float32, 2e-2),
+                                                     (torch.bfloat16, torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("b_in, rows", [(1, 3), (4, 12)])
+def test_step_from_source_rows_matches_gather_then_step(dtype, state_dtype, tol, b_in, rows):
+    """The out-of-place decode step (beams kept in place by index) at the Mamba2-130M layer shape, NaN-poisoned
+    outputs, against the reference stepping gathered rows in place; the states it reads stay unchanged."""
+    from stree.kernels.compare import rel_err
+    from stree.kernels.mamba_step import mamba_step_ref
+    from stree.kernels.mamba_step_triton import mamba_step_triton
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    h, p, s, k = 24, 64, 128, 4
+    c = h * p + 2 * s
+    rnd = lambda *size, scale=1.0, dt=dtype: (torch.randn(*size, device="cuda", generator=g) * scale).to(dt)  # noqa: E731
+    conv, ssm = rnd(b_in, c, k - 1), rnd(b_in, h, p, s, scale=0.5, dt=state_dtype)
+    args = dict(xBC=rnd(rows, c), dt_raw=rnd(rows, h) - 3.0, conv_w=rnd(c, k, scale=0.5), conv_b=rnd(c),
+                dt_bias=rnd(h), A=-torch.rand(h, device="cuda", generator=g), D=torch.randn(h, device="cuda", generator=g),
+                ngroups=1)
+    src = torch.randint(0, b_in, (rows,), device="cuda", generator=g)
+    want_conv, want_ssm = conv[src].clone(), ssm[src].clone()
+    want = mamba_step_ref(want_conv, want_ssm, **args)
+    new = (torch.full_like(want_conv, float("nan")), torch.full_like(want_ssm, float("nan")))
+    before = conv.clone(), ssm.clone()
+    got = mamba_step_triton(conv, ssm, **args, src_rows=src, new_states=new)
+    assert torch.isfinite(got).all() and torch.isfinite(new[1]).all()
+    assert rel_err(got, want) < tol and rel_err(new[1], want_ssm) < tol and torch.equal(new[0], want_conv)
+    assert torch.equal(conv, before[0]) and torch.equal(ssm, before[1])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("n, block_c", [(32, None), (32, 128), (16, 64), (300, None)])
+def test_tree_conv_tiles_match_reference(dtype, tol, n, block_c):
+    """The tree conv with its dt programs at the Mamba2-2.7B channel count, every channel tile, NaN-poisoned."""
+    from stree.kernels.compare import rel_err
+    from stree.kernels.tree_conv import tree_conv_dt_ref
+    from stree.kernels.tree_conv_triton import tree_conv1d_triton
+
+    g = torch.Generator(device="cuda").manual_seed(n)
+    c, h = 80 * 64 + 2 * 128, 80
+    parents = torch.cat([torch.tensor([-1]), torch.randint(0, 10**9, (n - 1,)) % torch.arange(1, n)])[None].cuda()
+    rnd = lambda *size, scale=1.0: (torch.randn(*size, device="cuda", generator=g) * scale).to(dtype)  # noqa: E731
+    xbc, state, w, bias, dt_raw, dt_bias = rnd(1, n, c), rnd(1, c, 3), rnd(c, 4, scale=0.5), rnd(c), rnd(1, n, h), rnd(h)
+    want, want_dt = tree_conv_dt_ref(xbc, state, w, bias, parents, dt_raw, dt_bias, (0.0, float("inf")))
+    out, dt, pre = torch.full_like(xbc, float("nan")), torch.full((1, n, h), float("nan"), device="cuda"), \
+        torch.full_like(xbc, float("nan"))
+    tree_conv1d_triton(xbc, state, w, bias, parents, out=out, dt=(dt_raw, dt_bias, (0.0, float("inf")), dt), pre=pre,
+                       block_c=block_c)
+    assert rel_err(out, want) < tol and rel_err(dt, want_dt) < 1e-5 and torch.equal(pre, xbc)
+
+
+@pytest.mark.parametrize("width", [768, 2560, 5120])
+def test_norms_at_every_warp_count_match_reference(width):
+    """Both row norms in bf16 at the warp counts ``row_warps`` picks among, NaN-free and close to the references."""
+    from stree.kernels.compare import rel_err
+    from stree.kernels.norms import add_rmsnorm_ref, gated_rmsnorm_ref
+    from stree.kernels.norms_triton import add_rmsnorm_triton, gated_rmsnorm_triton
+
+    g = torch.Generator(device="cuda").manual_seed(width)
+    rnd = lambda *size: torch.randn(*size, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
+    y, z, x, w = rnd(32, width), rnd(32, 2 * width)[:, :width], rnd(32, width), rnd(width)
+    r = torch.randn(32, width, device="cuda", generator=g)
+    for warps in (None, 4, 8, 16):
+        got = gated_rmsnorm_triton(y, z, w, width, 1e-5, num_warps=warps)
+        assert rel_err(got, gated_rmsnorm_ref(y, z, w, width, 1e-5)) < 2e-2
+        got, res = add_rmsnorm_triton(x, r, w, 1e-5, True, num_warps=warps)
+        want, want_res = add_rmsnorm_ref(x, r, w, 1e-5, True)
+        assert rel_err(got, want) < 2e-2 and torch.equal(res, want_res)

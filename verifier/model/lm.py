@@ -94,8 +94,8 @@ class Block(nn.Module):
         """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
         reads the residual stream itself and the token embeddings ``emb``). ``fuse`` (step and tree modes) lets
         a Mamba2 block hand its mixer the pre-norm already through ``in_proj`` (``ops.add_rmsnorm_linear``)."""
-        if (fuse and self.fusable_in_proj and isinstance(mix, StepMix) and self.mixer.block_fusable
-                and block_step_setting() != "split"):  # split (the default): the branch below, as before
+        if (fuse and self.fusable_in_proj and isinstance(mix, StepMix) and mix.source is None
+                and self.mixer.block_fusable and block_step_setting() != "split"):  # split (the default): the branch below, as before
             hidden, residual = mix.mixer.block_step(hidden, residual, self.norm, self.residual_in_fp32, mix.state)
             hidden = self._scaled(hidden)
         elif fuse and self.fusable_in_proj:
@@ -337,19 +337,22 @@ class StreeLM(WeightsHome, nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.vocab_size}); got {ids.min()}..{ids.max()}")
 
-    def _cached_mixes(self, state: LMState, mode: str, lengths: torch.Tensor | None = None) -> list:
+    def _cached_mixes(self, state: LMState, mode: str, lengths: torch.Tensor | None = None,
+                      source: "LMState | None" = None, rows: torch.Tensor | None = None) -> list:
         """Per layer, ``h -> y`` through its mixer's ``mode`` ("prefill" or "step") on the layer's state;
         attention also gets the tokens already in the state, token mixers (MLPs) take ``h`` alone.
-        ``lengths`` (prefill only) is each row's count of real tokens in a right-padded batch."""
+        ``lengths`` (prefill only) is each row's count of real tokens in a right-padded batch. ``source`` and
+        ``rows`` (steps of Mamba2 layers only): each layer steps ``source``'s rows into ``state`` (``StepMix``)."""
         seqlen = state.seqlen
         kw = {} if lengths is None else {"lengths": lengths}
+        sources = [None] * len(state.layers) if source is None else source.layers
         return [
             b.mixer if b.kind == "token"
             else (lambda h, e, f=getattr(b.mixer, mode), s=s: f(h, e, s, seqlen, **kw)) if b.kind == "hybrid"
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen, **kw)) if b.is_attention
-            else StepMix(b.mixer, s) if mode == "step" and type(b.mixer) is Mamba2Mixer
+            else StepMix(b.mixer, s, src, rows) if mode == "step" and type(b.mixer) is Mamba2Mixer
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, **kw))
-            for b, s in zip(self.backbone.layers, state.layers)
+            for b, s, src in zip(self.backbone.layers, state.layers, sources)
         ]
 
     @torch.no_grad()
@@ -382,14 +385,42 @@ class StreeLM(WeightsHome, nn.Module):
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, state: LMState, head: "TrimmedHead | None" = None,
-             return_hidden: bool = False):
+             return_hidden: bool = False, *, source: "LMState | None" = None,
+             source_rows: torch.Tensor | None = None):
         """Feed one token per sequence (``[B]``); returns ``[B, V]`` logits (``-inf`` outside a trimmed ``head``).
 
         With ``return_hidden`` it returns ``(logits, hidden [B, d])``, the final-norm hidden states.
+        With ``source`` (another state of this model, only read; pure Mamba2 models), row b continues from
+        ``source``'s row ``source_rows[b]`` (row b without ``source_rows``) and the stepped row goes to ``state``:
+        beams follow their parents with no copy of the state.
         """
-        out = self._run(input_ids, self._cached_mixes(state, "step"), head, return_hidden, fuse=True)
-        state.seqlen += 1
+        if source is not None:
+            self._check_source(state, source, source_rows)
+        out = self._run(input_ids, self._cached_mixes(state, "step", source=source, rows=source_rows), head,
+                        return_hidden, fuse=True)
+        if source is None:
+            state.seqlen += 1
+        else:
+            picked = source.seqlen if source_rows is None else source.seqlen.index_select(0, source_rows)
+            torch.add(picked, 1, out=state.seqlen)
         return out
+
+    def _check_source(self, state: LMState, source: LMState, rows: torch.Tensor | None) -> None:
+        """``step``'s ``source`` must be another state of this pure Mamba2 model and ``rows`` must name its rows
+        (values checked outside graph capture)."""
+        if any(b.kind != "token" and type(b.mixer) is not Mamba2Mixer for b in self.backbone.layers):
+            raise ValueError("step: stepping from another state's rows needs a model of Mamba2 (and MLP) layers only")
+        if source is state or len(source.layers) != len(state.layers):
+            raise ValueError("step: source must be another state of this model")
+        if rows is None:
+            if source.batch_size != state.batch_size:
+                raise ValueError(f"step: source has {source.batch_size} rows, state {state.batch_size}: "
+                                 "pass source_rows")
+        elif rows.shape != (state.batch_size,) or rows.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"step: source_rows must be [{state.batch_size}] integers, got {rows.dtype} "
+                             f"{tuple(rows.shape)}")
+        elif not capturing() and (int(rows.min()) < 0 or int(rows.max()) >= source.batch_size):
+            raise ValueError(f"step: source_rows must name rows 0..{source.batch_size - 1} of source")
 
     @torch.no_grad()
     def tree_forward(self, trees: TreeBatch, state: LMState, anc_mask: torch.Tensor | None = None,

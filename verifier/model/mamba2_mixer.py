@@ -41,9 +41,11 @@ class StepMix:
 
     mixer: "Mamba2Mixer"
     state: MambaLayerState
+    source: "MambaLayerState | None" = None  # step row b from row ``rows[b]`` of this state into ``state``
+    rows: "torch.Tensor | None" = None
 
     def __call__(self, u):
-        return self.mixer.step(u, self.state)
+        return self.mixer.step(u, self.state, self.source, self.rows)
 
 
 @dataclass
@@ -186,12 +188,16 @@ class Mamba2Mixer(nn.Module):
         y = ops.ssd_prefill(x, dt, self._A(), Bm, Cm, self._D(), state.ssm_state)
         return self._finish(y, x, z, z0, x0)
 
-    def step(self, u: "torch.Tensor | Projected", state: MambaLayerState) -> torch.Tensor:
-        """One token per sequence; ``u`` is ``[B, d]`` (or already through in_proj); state updated in place."""
+    def step(self, u: "torch.Tensor | Projected", state: MambaLayerState, source: "MambaLayerState | None" = None,
+             rows: "torch.Tensor | None" = None) -> torch.Tensor:
+        """One token per sequence; ``u`` is ``[B, d]`` (or already through in_proj); state updated in place, or, with
+        ``source``, ``state`` receives row b stepped from ``source``'s row ``rows[b]`` (row b without ``rows``)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
-        y = ops.mamba_step(state.conv_state, state.ssm_state, xBC, dt_raw, self._conv_w, self.conv1d.bias,
+        read = state if source is None else source
+        y = ops.mamba_step(read.conv_state, read.ssm_state, xBC, dt_raw, self._conv_w, self.conv1d.bias,
                            self.dt_bias, self._A(), self.D, self.ngroups, self.dt_limit,
-                           getattr(self, "activation", "silu"))
+                           getattr(self, "activation", "silu"), src_rows=rows,
+                           new_states=None if source is None else (state.conv_state, state.ssm_state))
         return self._gate_out(y, z, z0, x0)
 
     @property

@@ -8,9 +8,11 @@ exactly as the target's commit does, so the draft state never steps token by tok
 reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
 
 On a pure Mamba2 draft model, chains and beams are picked by one-token decode steps instead
-(``STREE_CHAIN_DRAFT``, ``STREE_BEAM_DRAFT``): the steps run on a scratch copy of the slots' state (an SSM
-state is small; a beam's M rows start as M copies and follow their parents by one row gather per depth),
-which costs fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole tree;
+(``STREE_CHAIN_DRAFT``, ``STREE_BEAM_DRAFT``): a chain steps a scratch copy of the slots' state (an SSM state
+is small); a beam's M rows step from their parents' rows into a second scratch state, depth by depth in turn
+(the root's step from the slots' rows, one row per sequence), so beams stay in place by index and no state is
+gathered. That costs
+fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole tree;
 one tree pass over the finished tree still leaves the commit's activations, so the commit is the same replay.
 """
 
@@ -59,7 +61,7 @@ class DeviceTreeDrafter:
         self.generator = generator  # Gumbel noise of sampled rows (None: the device's default, graph-safe)
         self.state = None
         self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
-        self.beam_scratch: dict = {}  # beams by steps: M -> a state of B x M rows (sequence b's beams at b*M..)
+        self.beam_scratch: dict = {}  # beams by steps: M -> two states of B x M rows (sequence b's beams at b*M..)
         self.acts = None
         self._layout: dict = {}
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
@@ -203,32 +205,33 @@ class DeviceTreeDrafter:
         return top.values, src
 
     def _beam_rows(self, m: int):
-        """Beams by steps: the B x M-row scratch state for width ``m`` (made on first use, kept: captured graphs
-        hold its memory), the fan-out index (row b*M+i <- slot b) and each row's sequence offset b*M."""
+        """Beams by steps: two B x M-row scratch states for width ``m`` (made on first use, kept: captured graphs
+        hold their memory) that the depths' steps write in turn, the fan-out index (row b*M+i reads row b, the root's
+        step) and each row's sequence offset b*M."""
         b = self.state.batch_size
         if m not in self.beam_scratch:
             dev = self.state.seqlen.device
             offsets = torch.arange(b, device=dev) * m
-            self.beam_scratch[m] = (self.model.new_state(b * m, self.state.max_seqlen),
+            self.beam_scratch[m] = (tuple(self.model.new_state(b * m, self.state.max_seqlen) for _ in range(2)),
                                     torch.arange(b, device=dev).repeat_interleave(m), offsets[:, None])
         return self.beam_scratch[m]
 
     def _draft_beam_steps(self, roots, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """``_draft_beam`` by M-row decode steps on a scratch state: after each depth's top-M, row i takes the
-        state of its parent's row (one gather per stacked field), so the next step feeds each beam its own token.
-        Row 0 of the first step scores the root (all M rows start alike)."""
+        """``_draft_beam`` by decode steps that keep beams in place by index: depth d's step reads each row's parent
+        row of the previous depth's state and writes the other scratch state, so no state is copied or gathered.
+        The root's step runs one row per sequence (from the slots, into the first B rows of a scratch state); the
+        next depth's M beams all read their sequence's row of it (``fan``)."""
         b, m = roots.shape[0], self.shape.beams
         scratch, fan, offsets = self._beam_rows(m)
-        scratch.copy_from(self.state, fan)
         tokens, parents, scores = self._beam_start(roots)
-        feed = roots[fan]
+        feed, source, rows = roots, self.state, None
         for d in range(self.shape.depth):
-            logits = self._masked(self.model.step(feed, scratch))
-            logits = logits.view(b, m, -1)[:, : self.shape.level_sizes[d]]  # [B, F, V]: level 0 is the root alone
+            out = scratch[d % 2].rows(b) if d == 0 else scratch[d % 2]
+            logits = self._masked(self.model.step(feed, out, source=source, source_rows=rows))
+            logits = logits.view(b, -1, logits.shape[-1])  # [B, F, V]: level 0 is the root alone
             scores, src = self._beam_level(tokens, parents, scores, _beam_log_q(logits, sampling, any_sampled), d)
             if d + 1 < self.shape.depth:
-                if d > 0:  # after the root's step every row holds the same state: nothing to follow
-                    scratch.copy_from(scratch, (offsets + src).reshape(-1))
+                source, rows = scratch[d % 2], fan if d == 0 else (offsets + src).reshape(-1)
                 feed = tokens[:, self.starts[d + 1]: self.starts[d + 1] + m].reshape(-1)
         self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
