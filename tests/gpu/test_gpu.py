@@ -320,11 +320,13 @@ def test_step_from_source_rows_matches_gather_then_step(dtype, state_dtype, tol,
     g = torch.Generator(device="cuda").manual_seed(rows)
     h, p, s, k = 24, 64, 128, 4
     c = h * p + 2 * s
-    rnd = lambda *size, scale=1.0, dt=dtype: (torch.randn(*size, device="cuda", generator=g) * scale).to(dt)  # noqa: E731
+    def rnd(*size, scale=1.0, dt=dtype):
+        return (torch.randn(*size, device="cuda", generator=g) * scale).to(dt)
+
     conv, ssm = rnd(b_in, c, k - 1), rnd(b_in, h, p, s, scale=0.5, dt=state_dtype)
     args = dict(xBC=rnd(rows, c), dt_raw=rnd(rows, h) - 3.0, conv_w=rnd(c, k, scale=0.5), conv_b=rnd(c),
-                dt_bias=rnd(h), A=-torch.rand(h, device="cuda", generator=g), D=torch.randn(h, device="cuda", generator=g),
-                ngroups=1)
+                dt_bias=rnd(h), A=-torch.rand(h, device="cuda", generator=g),
+                D=torch.randn(h, device="cuda", generator=g), ngroups=1)
     src = torch.randint(0, b_in, (rows,), device="cuda", generator=g)
     want_conv, want_ssm = conv[src].clone(), ssm[src].clone()
     want = mamba_step_ref(want_conv, want_ssm, **args)
@@ -348,7 +350,8 @@ def test_tree_conv_tiles_match_reference(dtype, tol, n, block_c):
     c, h = 80 * 64 + 2 * 128, 80
     parents = torch.cat([torch.tensor([-1]), torch.randint(0, 10**9, (n - 1,)) % torch.arange(1, n)])[None].cuda()
     rnd = lambda *size, scale=1.0: (torch.randn(*size, device="cuda", generator=g) * scale).to(dtype)  # noqa: E731
-    xbc, state, w, bias, dt_raw, dt_bias = rnd(1, n, c), rnd(1, c, 3), rnd(c, 4, scale=0.5), rnd(c), rnd(1, n, h), rnd(h)
+    xbc, state, w, bias = rnd(1, n, c), rnd(1, c, 3), rnd(c, 4, scale=0.5), rnd(c)
+    dt_raw, dt_bias = rnd(1, n, h), rnd(h)
     want, want_dt = tree_conv_dt_ref(xbc, state, w, bias, parents, dt_raw, dt_bias, (0.0, float("inf")))
     out, dt, pre = torch.full_like(xbc, float("nan")), torch.full((1, n, h), float("nan"), device="cuda"), \
         torch.full_like(xbc, float("nan"))

@@ -94,8 +94,9 @@ class Block(nn.Module):
         """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
         reads the residual stream itself and the token embeddings ``emb``). ``fuse`` (step and tree modes) lets
         a Mamba2 block hand its mixer the pre-norm already through ``in_proj`` (``ops.add_rmsnorm_linear``)."""
+        # split (the default) takes the branch below; a step from another state's rows always does
         if (fuse and self.fusable_in_proj and isinstance(mix, StepMix) and mix.source is None
-                and self.mixer.block_fusable and block_step_setting() != "split"):  # split (the default): the branch below, as before
+                and self.mixer.block_fusable and block_step_setting() != "split"):
             hidden, residual = mix.mixer.block_step(hidden, residual, self.norm, self.residual_in_fp32, mix.state)
             hidden = self._scaled(hidden)
         elif fuse and self.fusable_in_proj:

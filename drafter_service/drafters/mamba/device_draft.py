@@ -11,9 +11,8 @@ On a pure Mamba2 draft model, chains and beams are picked by one-token decode st
 (``STREE_CHAIN_DRAFT``, ``STREE_BEAM_DRAFT``): a chain steps a scratch copy of the slots' state (an SSM state
 is small); a beam's M rows step from their parents' rows into a second scratch state, depth by depth in turn
 (the root's step from the slots' rows, one row per sequence), so beams stay in place by index and no state is
-gathered. That costs
-fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole tree;
-one tree pass over the finished tree still leaves the commit's activations, so the commit is the same replay.
+gathered. That costs fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole
+tree; one tree pass over the finished tree still leaves the commit's activations, so the commit is the same replay.
 """
 
 from __future__ import annotations
