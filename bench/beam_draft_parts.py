@@ -1,8 +1,7 @@
 """Where the engine's 4x3 beam draft of the Mamba2-130M shape (random bf16 weights, fp32 SSM state) spends its
 time: each part graphed alone (decode steps of 1 and 3 rows in place, the 3-row step from parent rows into the
-other scratch state that the draft runs, the acts-only tree pass over the 13-node layout, the fan-out copy and row
-gather that the in-place steps needed, one depth's top-M glue), then the GPU kernel time of whole eager drafts by
-kernel (torch profiler). GPU only.
+other scratch state that the draft runs, the acts-only tree pass over the 13-node layout, one depth's top-M glue),
+then the GPU kernel time of whole eager drafts by kernel (torch profiler). GPU only.
 Usage (repo root, after bench/gpu_start.sh): python3 bench/beam_draft_parts.py OUT.txt"""
 
 import sys
@@ -32,7 +31,7 @@ drafter.prefill_slot(0, prompt)
 shape, greedy = TreeShape.parse("beam:4x3"), RowSampling.greedy(1, dev)
 roots = prompt[-1:].clone()
 draft = drafter.draft(shape, roots, greedy, False)
-(scratch, other), fan, offsets = drafter.beam_scratch[3]
+(scratch, other), _, offsets = drafter.beam_scratch[3]
 seq0, sseq0 = drafter.state.seqlen.clone(), scratch.seqlen.clone()
 feed3 = draft.tokens[0, 1:4].clone()
 
@@ -72,8 +71,6 @@ parts = {
     "decode step, 3 rows (in place)": step(3),
     "decode step, 3 rows from parent rows (out of place, as the draft runs)": step_from_parents,
     "acts-only tree pass, 13 nodes": lambda: drafter._acts(draft.tokens, draft.parents),
-    "fan-out copy (slots -> 3 rows; no longer run)": lambda: scratch.copy_from(drafter.state, fan),
-    "beam row gather (3 rows; no longer run)": lambda: scratch.copy_from(scratch, parent_rows),
     "one depth's top-M glue": glue,
     "whole draft (4 steps + acts pass)": lambda: drafter.draft(shape, roots, greedy, False),
 }

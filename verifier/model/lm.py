@@ -8,7 +8,6 @@ pass, state untouched) and ``commit`` (advance along the accepted path by activa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -182,23 +181,18 @@ class LMState:
                 t.index_copy_(0, idx, s.to(t.dtype))
         self.seqlen[idx] = src.seqlen[:n].to(self.seqlen.device)
 
-    def copy_from(self, src: "LMState", index: Optional[torch.Tensor] = None) -> None:
-        """Overwrite every row with ``src``'s (same layout and batch size), or row ``i`` with ``src``'s row
-        ``index[i]`` (a beam fanning out or following its parents; ``src`` may be this state): one copy per
-        stacked field."""
-        def pick(t: torch.Tensor, dim: int) -> torch.Tensor:
-            return t if index is None else t.index_select(dim, index)  # a fresh tensor: safe when src is self
-
+    def copy_from(self, src: "LMState") -> None:
+        """Overwrite every row with ``src`` (same layout and batch size): one copy per stacked field."""
         done = set()
-        for name, index_, view, s_view in paired_field_stacks(self.layers, src.layers):
+        for name, index, view, s_view in paired_field_stacks(self.layers, src.layers):
             if view is not None:
-                view.copy_(pick(s_view, 1))
-                done.update((i, name) for i in index_)
+                view.copy_(s_view)
+                done.update((i, name) for i in index)
         for i, (dst_layer, src_layer) in enumerate(zip(self.layers, src.layers)):
             for name, t in vars(dst_layer).items():
                 if (i, name) not in done:
-                    t.copy_(pick(getattr(src_layer, name), 0))
-        self.seqlen.copy_(pick(src.seqlen, 0))
+                    t.copy_(getattr(src_layer, name))
+        self.seqlen.copy_(src.seqlen)
 
     def assign_row(self, row: int, src: "LMState") -> None:
         """Overwrite row ``row`` with a batch-1 state ``src`` (a sequence joining a slot pool)."""

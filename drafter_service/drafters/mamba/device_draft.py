@@ -132,7 +132,8 @@ class DeviceTreeDrafter:
         return self.model.tree_forward(self._trees(tokens, parents), self.state, anc_mask=self.anc, acts_only=True)[1]
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is needed."""
+        """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is
+        needed."""
         if not self.supports(shape):
             raise ValueError(f"a device draft needs a chain, static or beam tree, not {shape}")
         self._set_shape(shape)
@@ -178,7 +179,8 @@ class DeviceTreeDrafter:
         for d in range(self.shape.depth):
             lo, hi = self.starts[d], self.starts[d] + self.shape.level_sizes[d]
             logits, _ = self._logits(tokens, parents)
-            scores, _ = self._beam_level(tokens, parents, scores, _beam_log_q(logits[:, lo:hi], sampling, any_sampled), d)
+            logq = _beam_log_q(logits[:, lo:hi], sampling, any_sampled)
+            scores, _ = self._beam_level(tokens, parents, scores, logq, d)
         self.acts = self._acts(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
 
