@@ -1,7 +1,9 @@
 """Where the engine's 4x3 beam draft of the Mamba2-130M shape (random bf16 weights, fp32 SSM state) spends its
 time: each part graphed alone (decode steps of 1 and 3 rows in place, the 3-row step from parent rows into the
 other scratch state that the draft runs, the acts-only tree pass over the 13-node layout, one depth's top-M glue),
-then the GPU kernel time of whole eager drafts by kernel (torch profiler). GPU only.
+then the GPU kernel time of whole eager drafts by kernel (torch profiler); beside them mamba_ssm's graphed decode
+step of the same shape at batch 1 and 3, measured in the same run (the anchor the draft's four steps compare
+with). GPU only.
 Usage (repo root, after bench/gpu_start.sh): python3 bench/beam_draft_parts.py OUT.txt"""
 
 import sys
@@ -10,6 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from stree.bench.common import tee
+from stree.bench.kernels import LAYER_SHAPES, mamba_ssm_decode_ms
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter, _beam_log_q
 from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.sampling import RowSampling
@@ -78,6 +81,10 @@ say("| part (130M shape, bf16 weights, fp32 state, batch 1) | graphed µs |")
 say("|---|---|")
 for name, fn in parts.items():
     say(f"| {name} | {graphed_us([fn], reps=30):.1f} |")
+for rows in (1, 3):  # mamba_ssm keeps a bf16 state here; ours is fp32
+    anchor = mamba_ssm_decode_ms(LAYER_SHAPES["130m"], torch.bfloat16, 50280, 256, rows)
+    say(f"| mamba_ssm decode step, {rows} row(s) (causal-conv1d, bf16 state) | "
+        f"{1000 * anchor if anchor else float('nan'):.1f} |")
 
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     for _ in range(5):

@@ -19,7 +19,7 @@ import torch
 from stree.bench.e2e import encode_prompts
 from stree.bench.prompt_sets import load_prompt_set
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.engine import CATCH_UP, EXPLORE_BUDGET
+from stree.verifier.decode.engine import CATCH_UP, EXPLORE_BUDGET, EXPLORE_WINDOW
 from stree.verifier.decode.goodput import GoodputController
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.checkpoint import load_model
@@ -104,8 +104,9 @@ def main() -> None:
              f"{'policy':12s} {'tok/s':>8s} {'x plain':>8s} {'tau':>6s}  steps per shape"]
     plain_rate = None
     policies = [(str(s), s) for s in shapes]
-    policies.append(("auto", GoodputController(shapes, explore_budget=EXPLORE_BUDGET)))
-    policies += [(f"auto a={a:g}", GoodputController(shapes, explore_budget=EXPLORE_BUDGET, alpha=a)) for a in args.alpha]
+    knobs = dict(explore_budget=EXPLORE_BUDGET, explore_window=EXPLORE_WINDOW)
+    policies.append(("auto", GoodputController(shapes, **knobs)))
+    policies += [(f"auto a={a:g}", GoodputController(shapes, alpha=a, **knobs)) for a in args.alpha]
     for name, policy in policies:
         if isinstance(policy, GoodputController):
             for s in shapes:

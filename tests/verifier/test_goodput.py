@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.goodput import GoodputController
+from stree.verifier.decode.goodput import GoodputController, ShapeChooser
 
 
 def _run(ctl: GoodputController, steps: int, cost: dict, tau: dict) -> list[str]:
@@ -78,19 +78,39 @@ def test_retries_due_about_together_run_in_one_burst():
 
 def test_a_chain_s_retry_runs_the_deepest_chain():
     """Per-depth acceptance: the deepest chain's steps measure every shorter chain, so a due chain is retried as the
-    deepest one (one burst, one refresh), and the shorter chains' retry clocks restart with it."""
+    deepest one (one burst, one refresh), and the shorter chains' retry clocks restart with it. A retry that loses
+    backs off every chain it measured: one shared interval, doubling."""
     shapes = [TreeShape.parse(x) for x in ("none", "chain:2", "chain:4")]
-    ctl = GoodputController(shapes, retry_every=20, min_samples=1)
+    ctl = GoodputController(shapes, retry_every=20, max_retry_every=1000, min_samples=1)
     cost = {"none": 1.0, "chain:2": 4.0, "chain:4": 4.5}
     emitted = {"none": [1], "chain:2": [2, 1], "chain:4": [2, 1]}  # one drafted token accepted in two: both lose
     chosen = []
-    for _ in range(120):
+    for _ in range(400):
         s = ctl.choose()
         chosen.append(str(s))
         ctl.observe(s, sum(emitted[str(s)]) / 2, cost[str(s)], emitted=emitted[str(s)])
     assert chosen[:3] == ["none", "chain:2", "chain:4"]  # measured first (no known costs), each once
-    assert "chain:2" not in chosen[3:] and chosen[3:].count("chain:4") >= 3  # retries: only the deepest chain
+    assert "chain:2" not in chosen[3:]  # retries: only the deepest chain
+    retries = [i for i, x in enumerate(chosen) if x == "chain:4"]
+    assert [b - a for a, b in zip(retries, retries[1:])] == [21, 41, 81, 161]  # 20 -> 40 -> 80 -> 160, shared
+    assert ctl.stats[shapes[1]].retry_every == ctl.stats[shapes[2]].retry_every == 320
     assert ctl.stats[shapes[1]].pooled and ctl.stats[shapes[1]].tau == pytest.approx(1.5)
+
+
+def test_a_short_chain_s_retry_is_priced_as_the_deepest_chain_it_runs():
+    """With a budget, a due chain:1 is retried only when the loss of what its retry runs (chain:4, four times the
+    cost) fits, not chain:1's own."""
+    plain, chain1, chain4 = (TreeShape.parse(x) for x in ("none", "chain:1", "chain:4"))
+    chooser = ShapeChooser([plain, chain1, chain4], retry_every=1, min_samples=1, explore_budget=0.02)
+    chooser.observe(plain, 1.0, 1.0)
+    chooser.observe(chain1, 1.5, 1.6, emitted=[2, 1])  # chain:1 loses 0.1 s a step, chain:4 1.5 s
+    chooser.observe(chain4, 2.0, 3.5, emitted=[2, 2])
+    chooser.current = plain
+    while chooser.clock - chooser.stats[chain1].last_clock < 10.0:  # 10 s of plain: room for 0.2 s of loss
+        chooser.step += 1
+        chooser.observe(plain, 1.0, 1.0)
+    assert chooser._retried_row(chooser.stats[chain1]).shape == chain4
+    assert not chooser._due(chain1, plain)  # chain:4's loss, 1.5 s, is over 2 % of 10 s (chain:1's 0.1 s is not)
 
 
 def test_a_refresh_is_charged_in_part_so_a_draft_that_wins_per_step_takes_over():
@@ -209,6 +229,74 @@ def test_a_retry_from_plain_decoding_pays_one_refresh_per_running_sequence():
     assert chooser._due(chain, plain)  # loss 2 steps x 0.5 + 0.5 = 1.5 s against 16 s since: within 10 %
     chooser.rows = 8  # one step of eight sequences (min_samples 2), but eight refreshes: 0.5 + 8 x 0.5 = 4.5 s
     assert chooser.burst_steps() == 1 and not chooser._due(chain, plain)
+
+
+def test_a_windowed_budget_is_not_banked_through_a_quiet_stretch():
+    """With ``explore_window`` the budget is a fraction of about the last N steps' time: a long stretch of plain steps
+    does not save up room for a retry that loses more than that (counted over the whole run it would)."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    whole, windowed = (ShapeChooser([plain, chain], retry_every=1, min_samples=1, explore_budget=0.02,
+                                    explore_window=window) for window in (None, 20))
+    for chooser in (whole, windowed):
+        chooser.observe(chain, 2.5, 3.0)  # chain: 0.83 tokens a second against plain's 1 (1.08 at tau 3.25)
+        chooser.observe(plain, 1.0, 1.0)
+        chooser.current = plain
+        for _ in range(10_000):  # 10,000 s of plain steps, no retry asked for
+            chooser.step += 1
+            chooser.observe(plain, 1.0, 1.0)
+    # the retry loses 3 - 2.5 = 0.5 s (min_samples 1): within 2 % of 10,000 s, not of the ~20 s the window holds
+    assert whole._due(chain, plain) and not windowed._due(chain, plain)
+    assert windowed.recent == pytest.approx(20.0, rel=1e-3) and windowed.clock == whole.clock
+    with pytest.raises(ValueError, match="explore_window"):
+        ShapeChooser([plain], explore_window=0)
+
+
+def test_with_a_budget_a_draft_that_could_not_win_is_not_retried():
+    """A retry only re-measures acceptance: with a budget, a draft that would not beat plain decoding by the hysteresis
+    even with its acceptance halfway to its ceiling is never retried, however long the run; one that would is."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:3")
+    for tau, retried in ((2.0, False), (2.5, True)):  # at cost 3: 3.0 / 3 = 1.0 tokens a second, 3.25 / 3 = 1.08
+        chooser = ShapeChooser([plain, chain], retry_every=8, min_samples=1, explore_budget=0.1)
+        chooser.observe(plain, 1.0, 1.0)
+        chooser.observe(chain, tau, 3.0)
+        chosen = []
+        for _ in range(2000):
+            s = chooser.choose()
+            chosen.append(s)
+            chooser.observe(s, 1.0 if s == plain else tau, 1.0 if s == plain else 3.0)
+        assert (chain in chosen) == retried
+
+
+def test_a_tree_is_first_looked_at_only_if_it_could_win_at_the_acceptance_of_its_depth_s_chain():
+    """With known costs and measured chains, a beam of depth 2 is looked at only if it beats plain decoding by the
+    hysteresis with acceptance halfway from chain:2's to its ceiling: not at chain:2 tau 1.5, at 1.9 it is."""
+    plain, chain, beam = (TreeShape.parse(x) for x in ("none", "chain:2", "beam:2x2"))
+    cost = {"none": 1.0, "chain:2": 2.0, "beam:2x2": 2.2}  # beam's ceiling: 3 tokens for 2.2 s, 1.36 a second
+    for emitted, looked in (([2, 1], False), ([3, 3, 3, 2, 2, 2, 1, 1, 1, 1], True)):  # chain:2 tau 1.5 / 1.9
+        chooser = _primed([plain, chain, beam], cost, budget=0.5, min_samples=2, retry_every=10**6).mode()
+        for _ in range(4):
+            chooser.observe(chain, sum(emitted) / len(emitted), 2.0, emitted=emitted)
+        for _ in range(100):
+            chooser.observe(plain, 1.0, 1.0)
+        chooser.current = plain
+        # halfway to the ceiling: (1.5 + 0.75) / 2.2 = 1.02 a second, (1.9 + 0.55) / 2.2 = 1.11
+        assert chooser.depths.tau(2) == pytest.approx(sum(emitted) / len(emitted))
+        assert (chooser._first_look([chooser.stats[plain], chooser.stats[chain]]) == beam) == looked
+
+
+def test_a_move_from_plain_decoding_onto_a_draft_pays_its_refresh():
+    """Leaving plain decoding on merit refreshes every running sequence's drafter: the move prices that refresh as
+    its ``refresh_steps`` steps share it, so a draft 8 % faster per step moves at batch 1 and not at batch 8."""
+    plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:1")
+    for rows, expected in ((1, chain), (8, plain)):
+        chooser = ShapeChooser([plain, chain], retry_every=10**6, min_samples=1, hysteresis=0.05, refresh_steps=32)
+        chooser.observe(plain, 1.0, 1.0)
+        chooser.observe(chain, 1.08, 1.0)
+        chooser.refresh_s = 0.5  # per sequence: 0.5 / 32 a step at batch 1 (1.6 %), 8 x that at batch 8 (12.5 %)
+        chooser.current = plain
+        assert chooser.choose(rows) == expected
+    chooser.current = chain  # leaving a draft for plain decoding, or staying on it, pays no refresh
+    assert chooser.choose(8) == chain
 
 
 def _primed(shapes, costs: dict, budget=0.02, **kw) -> GoodputController:

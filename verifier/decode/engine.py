@@ -41,7 +41,12 @@ log = logging.getLogger(__name__)
 
 PLAIN = TreeShape.parse("none")
 EXPLORE_BUDGET = 0.02
-"""Goodput control's retries may lose at most this fraction of the run against the best shape (see goodput.py)."""
+"""Goodput control's first looks and retries may lose at most this fraction of the time against the best shape (see
+goodput.py). 1 % kept auto on plain decoding at batch 1 of the trained pair after one unlucky first look (1.00-1.02x
+plain where chain:1 is 1.19x) and still let a batch-4 run lose 4 % (H200, BENCHMARKS.md §0u)."""
+EXPLORE_WINDOW = 1024
+"""Steps over which that fraction is counted: older steps fade, so a budget saved through a quiet stretch is not
+spent in one short run (goodput.py)."""
 ADMIT_HOLD_STEPS = 32
 """At most this many steps free slots stay empty while more prompts wait than fit and a running sequence is about to
 finish, so that queued prompts share one prefill (admission.py: the measured costs set the hold below this cap)."""
@@ -225,7 +230,7 @@ class Engine:
 
     def _goodput(self) -> GoodputController:
         """A fresh controller, started from the step costs timed so far and the acceptance known from before."""
-        ctl = GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET)
+        ctl = GoodputController(self.shapes, explore_budget=EXPLORE_BUDGET, explore_window=EXPLORE_WINDOW)
         self._prime_learned(ctl)
         self._guess_refresh(ctl)
         for key, seconds in self.step_costs.items():

@@ -34,6 +34,13 @@ The budget is one for all shapes: every step off the current shape (a first look
 what it lost against the current shape (its seconds and refresh, less its tokens at the current rate),
 and a retry or first look starts only while that total plus its own expected loss stays within the
 budget's fraction of the clock (per-shape budgets added up: three drafted shapes lost ~6 % of a run).
+With an ``explore_window`` of N steps, both sides fade by 1 - 1/N a step, so the budget is a fraction of about
+the last N steps' time: a budget counted over the engine's whole life was banked through quiet stretches and then
+spent in one short run (H200, trained pair at batch 4: runs that spent it were 0.96-0.97x plain, BENCHMARKS.md §0u).
+
+Moving from plain decoding onto a draft on merit prices the drafter refresh it pays (one per running sequence)
+as ``refresh_steps`` of the draft's steps share it: at batch 4 a chain:1 measured 12 % faster than plain per step
+was taken, and with four refreshes per move it lost.
 
 Priors (``prime``): the engine times each step graph when it captures it, so with CUDA graphs every
 shape's step cost is known before its first step, and a new engine over the same drafter starts from
@@ -87,7 +94,7 @@ class ShapeChooser:
 
     def __init__(self, shapes: list[TreeShape], alpha: float = 0.03, retry_every: int = 256,
                  max_retry_every: int = 4096, hysteresis: float = 0.05, refresh_steps: int = 32,
-                 min_samples: int = 4, explore_budget: float | None = None):
+                 min_samples: int = 4, explore_budget: float | None = None, explore_window: int | None = None):
         if not shapes:
             raise ValueError("the goodput controller needs at least one shape")
         self.shapes = list(shapes)
@@ -108,8 +115,12 @@ class ShapeChooser:
         if explore_budget is not None and not 0.0 < explore_budget <= 1.0:
             raise ValueError(f"explore_budget must be in (0, 1], got {explore_budget}")
         self.explore_budget = explore_budget
+        if explore_window is not None and explore_window < 1:
+            raise ValueError(f"explore_window must be at least one step, got {explore_window}")
+        self.fade = 1.0 - 1.0 / explore_window if explore_window else 1.0  # per step, of the budget's two sides
         self.clock = 0.0  # measured seconds of every step observed so far
-        self.explore_spent = 0.0  # measured seconds lost by steps off the current shape (first looks, retries)
+        self.recent = 0.0  # the same seconds fading by ``fade`` a step: what the budget is a fraction of
+        self.explore_spent = 0.0  # seconds lost by steps off the current shape (first looks, retries), fading alike
         self.refresh_s = 0.0  # running mean of the drafter refresh per refreshed sequence (a retry from plain pays it)
         self.refresh_guess = 0.0  # what refreshing one sequence is taken to cost before one was measured (the engine)
         self.current: TreeShape | None = None  # the shape chosen on merit (not as a retry) last time
@@ -209,10 +220,17 @@ class ShapeChooser:
             self.burst = [s for s in retry for _ in range(self.burst_steps())]
         if self.burst:
             return self._pop_burst()
+        return self._on_merit(best)
+
+    def _on_merit(self, best: _Running) -> TreeShape:
+        """The step's shape on the numbers: ``best``'s, if it beats the current shape by the margin."""
+        rate = self._rate(best)
         # the margin guards only a move onto a draft: leaving one for plain decoding costs nothing, and a draft that
         # fell a few % behind plain was otherwise kept (H100, trained pair at batch 4: chain:3 at 0.96x plain's
         # rate ran 33 of a run's 218 steps, BENCHMARKS.md §0r)
         margin = self.hysteresis if best.shape.kind != "none" else 0.0
+        if best.shape.kind != "none" and self.current is not None and self.current.kind == "none":
+            rate = best.tau / (best.cost + self.refresh_cost * self.rows / self.refresh_steps)  # the move's refresh
         if self.current is not None and rate <= (1 + margin) * self.rate(self.current):
             return self.current
         self.current = best.shape
@@ -236,7 +254,10 @@ class ShapeChooser:
 
         Plain decoding and shapes without a known cost are measured first, as without a budget. A first look
         runs ``min_samples`` steps (a burst) and starts only if its loss, were no drafted token accepted, fits the
-        budget; ``observe`` then charges what its steps actually lost."""
+        budget; ``observe`` then charges what its steps actually lost. A tree no deeper than the measured chains is
+        looked at only if it could win (``_could_win``) at the acceptance of the chain of its depth: a tree of the
+        same depth rarely accepts far more, and a beam:4x2 looked at on its ceiling alone cost a batch-4 run of the
+        trained pair 5 % (H200, §0u)."""
         unlooked = False
         for r in self._rows:
             if r.measured:
@@ -252,8 +273,11 @@ class ShapeChooser:
             s = r.shape
             if r.measured or r.samples or (s.max_depth + 1) / r.cost <= rate or (chain_waits and s.kind == "chain"):
                 continue  # measured, under way, or it could not win with every drafted token accepted
+            if s.kind != "chain" and self.depths.known(s.max_depth) and not self._could_win(
+                    r, rate, self.depths.tau(s.max_depth)):
+                continue  # the chain of its depth says it would not win
             loss = self._expected_loss(r, 1.0, rate)  # as if no drafted token were accepted
-            if self.explore_spent + loss <= self.explore_budget * self.clock:
+            if self.explore_spent + loss <= self.explore_budget * self.recent:
                 self.burst = [s] * (self.burst_steps() - 1)
                 return s
             chain_waits = chain_waits or s.kind == "chain"
@@ -270,9 +294,35 @@ class ShapeChooser:
             return False
         if self.explore_budget is None:
             return True
-        loss = self._expected_loss(r, r.tau, best_rate)
+        run = self._retried_row(r)
+        if not self._could_win(run, best_rate):
+            return False
+        loss = self._expected_loss(run, run.tau, best_rate)
         return (self.clock - r.last_clock >= frac * loss / self.explore_budget
-                and self.explore_spent + frac * loss <= self.explore_budget * self.clock)
+                and self.explore_spent + frac * loss <= self.explore_budget * self.recent)
+
+    def _could_win(self, r: _Running, best_rate: float, tau: float | None = None) -> bool:
+        """With a budget, whether a retry of ``r`` could find a shape worth moving to: one that beats ``best_rate`` by
+        the hysteresis if its acceptance (``tau``, default its own) rose halfway to its ceiling (every drafted token
+        accepted), the move's refresh priced as ``choose`` prices it. A retry only re-measures acceptance (costs are
+        timed), so one that could not win even then is not worth its refresh: on the trained pair at batch 4 such
+        retries, one per run, made auto 0.96-0.97x plain (H200, §0u)."""
+        if r.shape.kind == "none":
+            return True
+        tau = r.tau if tau is None else tau
+        tau += 0.5 * max(0.0, r.shape.max_depth + 1 - tau)
+        cost = r.cost
+        if self.current is not None and self.current.kind == "none":
+            cost += self.refresh_cost * self.rows / self.refresh_steps
+        return tau / cost > (1 + self.hysteresis) * best_rate
+
+    def _retried_row(self, r: _Running) -> _Running:
+        """The row whose shape a retry of ``r`` runs: a chain's retry runs the deepest chain (it measures every
+        shorter one), so that is what it costs. A retry of chain:1 priced as chain:1 ran chain:4 at four times its
+        step cost (H200, trained pair at batch 4: one such retry per run made auto 0.97x plain, §0u)."""
+        if r.shape.kind == "chain" and self._deepest_chain is not None:
+            return self.stats[self._deepest_chain]
+        return r
 
     def _expected_loss(self, r: _Running, tau: float, rate: float) -> float:
         """Seconds a burst (``burst_steps``) of ``r``'s shape at ``tau`` loses against ``rate`` tokens per second, plus
@@ -290,6 +340,7 @@ class ShapeChooser:
         """One step of ``shape`` emitted ``tau`` tokens per sequence and took ``seconds``, after a drafter
         refresh of ``refreshed`` sequences that took ``refresh_s`` (charged in part, see the module docstring).
         ``emitted``: the tokens each sequence emitted (a chain step's per-depth acceptance; optional)."""
+        self.explore_spent *= self.fade
         if self.current is not None and shape != self.current:  # exploring: what it lost against the current shape
             rate = self.rate(self.current)
             self.explore_spent += max(0.0, seconds + refresh_s - (tau / rate if rate > 0 else 0.0))
@@ -316,13 +367,27 @@ class ShapeChooser:
         self._remeasure(r)
         r.last_step = self.step
         self.clock += seconds
+        self.recent = self.recent * self.fade + seconds
         r.last_clock = self.clock
         if pooled:
             self._pool_chains(shape)
         if r.retrying and r.retry_samples >= self.min_samples:
             r.retrying = False
-            r.retry_every = self.retry_every if self.best() == shape else min(2 * r.retry_every,
-                                                                              self.max_retry_every)
+            self._back_off(r)
+
+    def _back_off(self, r: _Running) -> None:
+        """A retry of ``r``'s shape ended: a winner's retry interval resets, a loser's doubles (up to the cap).
+        A chain's retry measured every shorter chain too, so they share one interval: kept apart, chain:1's stayed at
+        the base and called the deepest chain's retry back every interval however often it lost."""
+        shape, best = r.shape, self.best()
+        if shape.kind != "chain":
+            r.retry_every = self.retry_every if best == shape else min(2 * r.retry_every, self.max_retry_every)
+            return
+        chains = [c for c in self._rows if c.shape.kind == "chain" and c.shape.max_depth <= shape.max_depth]
+        won = best.kind == "chain" and best.max_depth <= shape.max_depth
+        every = self.retry_every if won else min(2 * max(c.retry_every for c in chains), self.max_retry_every)
+        for c in chains:
+            c.retry_every = every
 
     def _pool_chains(self, stepped: TreeShape | None = None) -> None:
         """Every chain whose depths are measured takes its tau from the per-depth rates; those no deeper than
