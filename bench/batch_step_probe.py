@@ -65,11 +65,14 @@ for tree in (None, "chain:1", "chain:2"):
     timed = {}  # capture-time replay seconds by shape (greedy graphs)
     for _, eng, _ in target.__dict__.get("_stree_engines", {}).values():
         for key, sec in eng.step_costs.items():
-            if key[0] in ("none", "tree") and not key[1 if key[0] == "none" else 2]:
-                timed.setdefault("none" if key[0] == "none" else str(key[1]), sec)
+            if key[0] == "none" and not key[1]:  # ("none", sampled, ...) / ("tree", shape, sampled, ...)
+                timed.setdefault("none", sec)
+            elif key[0] == "tree" and not key[2]:
+                timed.setdefault(str(key[1]), sec)
     metrics = outs[0].stats["engine_metrics"]
+    full_us = 1e6 * statistics.mean(full) if full else float("nan")
     say(f"| {tree or 'plain'} | {len(mine)} | {1e6 * statistics.mean(s[1] for s in mine):.1f} | "
-        f"{1e6 * statistics.median(s[1] for s in mine):.1f} | {1e6 * statistics.mean(full) if full else float('nan'):.1f} "
+        f"{1e6 * statistics.median(s[1] for s in mine):.1f} | {full_us:.1f} "
         f"| {sum(1 for s in mine if s[3])} | {1e6 * timed.get(tree or 'none', float('nan')):.1f} | "
         f"{1e3 * metrics.get('refresh_s', 0.0):.2f} | {sum(len(o.token_ids) for o in outs) / wall:.0f} |")
     by_rows = defaultdict(list)

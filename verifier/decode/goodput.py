@@ -214,23 +214,19 @@ class ShapeChooser:
             half = [r for r in known if r.shape != self.current and self._due_row(r, rate, 0.5)]
             retry: list[TreeShape] = []
             for r in sorted(half, key=lambda r: r.last_step):
-                s = self._deepest_chain if r.shape.kind == "chain" else r.shape  # it measures every shorter chain
+                s = self._retried_row(r).shape  # a chain's retry runs the deepest chain
                 if s != self.current and s not in retry:
                     retry.append(s)
             self.burst = [s for s in retry for _ in range(self.burst_steps())]
         if self.burst:
             return self._pop_burst()
-        return self._on_merit(best)
-
-    def _on_merit(self, best: _Running) -> TreeShape:
-        """The step's shape on the numbers: ``best``'s, if it beats the current shape by the margin."""
-        rate = self._rate(best)
         # the margin guards only a move onto a draft: leaving one for plain decoding costs nothing, and a draft that
         # fell a few % behind plain was otherwise kept (H100, trained pair at batch 4: chain:3 at 0.96x plain's
         # rate ran 33 of a run's 218 steps, BENCHMARKS.md §0r)
         margin = self.hysteresis if best.shape.kind != "none" else 0.0
-        if best.shape.kind != "none" and self.current is not None and self.current.kind == "none":
-            rate = best.tau / (best.cost + self.refresh_cost * self.rows / self.refresh_steps)  # the move's refresh
+        if best.shape.kind != "none":  # a move from plain decoding pays its drafter refresh
+            cost = self._move_cost(best)
+            rate = best.tau / cost if cost > 0 else 0.0
         if self.current is not None and rate <= (1 + margin) * self.rate(self.current):
             return self.current
         self.current = best.shape
@@ -311,10 +307,14 @@ class ShapeChooser:
             return True
         tau = r.tau if tau is None else tau
         tau += 0.5 * max(0.0, r.shape.max_depth + 1 - tau)
-        cost = r.cost
+        return tau / self._move_cost(r) > (1 + self.hysteresis) * best_rate
+
+    def _move_cost(self, r: _Running) -> float:
+        """``r``'s step cost as a move onto its draft shape pays it: from plain decoding, plus the drafter refresh of
+        every running sequence, shared by ``refresh_steps`` of the draft's steps."""
         if self.current is not None and self.current.kind == "none":
-            cost += self.refresh_cost * self.rows / self.refresh_steps
-        return tau / cost > (1 + self.hysteresis) * best_rate
+            return r.cost + self.refresh_cost * self.rows / self.refresh_steps
+        return r.cost
 
     def _retried_row(self, r: _Running) -> _Running:
         """The row whose shape a retry of ``r`` runs: a chain's retry runs the deepest chain (it measures every
