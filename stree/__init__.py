@@ -26,10 +26,14 @@ def __getattr__(name):
         from stree.verifier.model import checkpoint
 
         return getattr(checkpoint, name)
-    if name in ("generate", "GenerationResult"):
-        from stree.verifier.decode import loop as _gen
+    if name == "generate":
+        from stree.api import generate
 
-        return getattr(_gen, name)
+        return generate
+    if name == "GenerationResult":
+        from stree.verifier.decode.loop import GenerationResult
+
+        return GenerationResult
     if name == "Client":
         from stree.verifier.service.client import Client
 

@@ -18,7 +18,7 @@ from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.hf import mambainllama
 from stree.verifier.model.hf.registry import resolve
 from stree.verifier.model.lm import StreeLM
-from stree.verifier.model.tokenizer import TOKENIZER_FILE, make_tokenizer
+from stree.verifier.model.tokenizer import TOKENIZER_FILE, load_tokenizer, make_tokenizer
 from stree.verifier.model.treeflash import TreeFlashNet, is_treeflash_checkpoint, load_treeflash
 
 CONFIG_FILE = "config.json"
@@ -163,6 +163,7 @@ def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None 
     model = model.to(dtype=dtype)
     model.eval()
     model.source_dir = str(model_dir)
+    model.tokenizer = load_tokenizer(model_dir)
     return model
 
 

@@ -244,6 +244,7 @@ class StreeLM(WeightsHome, nn.Module):
     """
 
     mamba_ssm_cache_dtype: torch.dtype = torch.float32
+    tokenizer = None  # the model folder's tokenizers.Tokenizer, set by load_model (None: the folder has none)
 
     def set_mamba_ssm_cache_dtype(self, name: str | torch.dtype) -> None:
         """``float32``, ``bfloat16``, ``float16`` or ``auto`` (the model's dtype), for states made afterwards."""
