@@ -222,10 +222,7 @@ def run(args) -> int:
 
 
 def add_parser(sub) -> None:
-    import argparse
-
     p = sub.add_parser("serve", help="load-test a running stree server (HTTP or gRPC)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Replay a prompt set against a running `stree serve` at given request rates "
                                    "and concurrencies; report throughput, TTFT, ITL, e2e latency and acceptance.")
     p.add_argument("--url", required=True, help="http://HOST:PORT (OpenAI API) or grpc://HOST:PORT")

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from stree.cli.help_format import use_defaults_once
+
 # Modules that define ``add_parser(subparsers)``; each registers one or more subcommands.
 COMMAND_MODULES = [
     "stree.cli.bench",
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
+    use_defaults_once(parser)
     return parser
 
 

@@ -6,6 +6,7 @@ import json
 
 import torch
 
+from stree.cli.timing import noise_warning, noisy, time_interleaved
 from stree.protocols.tree_shape import SHAPE_HELP
 from stree.protocols.drafter import DraftBudget
 
@@ -42,6 +43,25 @@ def prompt_ids_from_args(args, tokenizer) -> list[int]:
     return ids
 
 
+def compare_with_plain(call, drafter: str, runs: int, max_new_tokens: int, temperature: float):
+    """``--compare-plain``: time plain decoding and ``drafter`` (``call(name)`` makes a generation), runs
+    interleaved. Returns the drafter's result, the record's ``compare_plain`` entry and the lines to print."""
+    timed = time_interleaved({"plain": call("none"), drafter: call(drafter)}, runs, max_new_tokens)
+    result, plain, spec = timed[drafter].result, timed["plain"], timed[drafter]
+    loud = noisy(timed)
+    compare = {"runs": runs, "plain_tokens_per_s": plain.median, "tokens_per_s": spec.median,
+               "speedup": spec.median / plain.median, "equals_plain": result.token_ids == plain.result.token_ids,
+               "too_noisy_to_compare": bool(loud)}
+    same = "yes" if compare["equals_plain"] else "no"
+    if temperature > 0:
+        same += " (sampled: speculation keeps the output's distribution, not the draws)"
+    lines = [f"[compare] plain {plain.median:.1f} tok/s, {drafter} {spec.median:.1f} tok/s (medians of {runs} "
+             f"runs): {compare['speedup']:.2f}x plain; output equals plain decoding: {same}"]
+    if loud:
+        lines.append(f"[compare] {noise_warning(loud, timed)}")
+    return result, compare, lines
+
+
 def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
@@ -60,22 +80,37 @@ def run(args) -> int:
         max_depth=args.max_depth or DEFAULT_BUDGET.max_depth,
         max_width=args.max_width or DEFAULT_BUDGET.max_width,
     )
+
+    def caller(seed):
+        def call(name):
+            return lambda n: generate(
+                model, prompt, drafter=name, draft_model=draft, max_new_tokens=n,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
+                stop_token_ids=() if args.ignore_eos else settings.eos_token_ids, tokenizer=tokenizer,
+                cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths,
+                datastore=args.datastore,
+            )
+        return call
+
     for i in range(args.num_samples):
-        seed = None if args.seed is None else args.seed + i
-        result = generate(
-            model, prompt, drafter=drafter, draft_model=draft, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
-            stop_token_ids=() if args.ignore_eos else settings.eos_token_ids,
-            tokenizer=tokenizer, cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths, datastore=args.datastore,
-        )
+        call = caller(None if args.seed is None else args.seed + i)
+        compare, lines = None, []
+        if args.compare_plain:
+            result, compare, lines = compare_with_plain(call, drafter, args.compare_runs, args.max_new_tokens,
+                                                        args.temperature)
+        else:
+            result = call(drafter)(args.max_new_tokens)
         if args.json:
-            print(json.dumps({"sample": i, "drafter": drafter, "prompt_ids": prompt,
-                              "token_ids": result.token_ids, "text": result.text, "stats": result.stats}))
+            record = {"sample": i, "drafter": drafter, "prompt_ids": prompt, "token_ids": result.token_ids,
+                      "text": result.text, "stats": result.stats}
+            print(json.dumps(record if compare is None else {**record, "compare_plain": compare}))
         else:
             print(result.text if result.text is not None else " ".join(map(str, result.token_ids)))
             s = result.stats
             print(f"[{drafter}] {s['new_tokens']} tokens in {s['steps']} steps, "
                   f"mean accepted length {s['mean_accepted_length']:.2f}, {s['tokens_per_s']:.1f} tok/s")
+            for line in lines:
+                print(line)
     return 0
 
 
@@ -112,5 +147,9 @@ def add_parser(sub) -> None:
     p.add_argument("--mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
                    help="SSM state dtype (auto: the model's); float32 is exact, a half state halves its traffic")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")
+    p.add_argument("--compare-plain", action="store_true",
+                   help="also time plain decoding (runs interleaved, medians) and print the speedup and whether the "
+                        "output equals plain decoding's")
+    p.add_argument("--compare-runs", type=int, default=3, help="with --compare-plain: timed runs per method")
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     p.set_defaults(func=run)

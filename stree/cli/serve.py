@@ -3,7 +3,6 @@ for a checkpoint, both on one continuously batched engine; drafting in-process o
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from pathlib import Path
@@ -85,8 +84,7 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over gRPC and an OpenAI-compatible HTTP API",
                        description="Serve MODEL_DIR over the stree.v1.GenerationService gRPC API and, with "
-                                   "--http-port, an OpenAI-compatible HTTP API, on one continuously batched engine.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   "--http-port, an OpenAI-compatible HTTP API, on one continuously batched engine.")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")

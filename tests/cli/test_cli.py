@@ -115,3 +115,66 @@ def test_generate_reads_tokenizer_dir_and_generation_config_eos(cli_models, tmp_
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [free[1]]}))
     assert main(base) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"] == free[: free.index(free[1]) + 1]
+
+
+def test_help_shows_each_default_once_on_every_subcommand():
+    import argparse
+
+    from stree.cli import build_parser
+    from stree.cli.help_format import parsers_under, shows_default
+
+    checked = 0
+    for parser in parsers_under(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            text = formatter._format_action(action)
+            assert text.count("(default") <= 1, f"{parser.prog} {action.option_strings}: {text}"
+            if shows_default(action):
+                assert "(default" in text, f"{parser.prog} {action.option_strings} hides its default: {text}"
+                checked += 1
+            assert "(default: None)" not in text and not isinstance(action.default, argparse.Namespace)
+    assert checked > 50
+    proc = _run("serve", "--help")
+    assert proc.returncode == 0
+    assert "(default: MODEL_DIR)" in proc.stdout and "(default: None)" not in proc.stdout
+    assert "(default: 50051)" in proc.stdout
+
+
+def test_generate_compare_plain_prints_the_speedup_and_equality(cli_models, capsys):
+    args = ["generate", str(cli_models / "target"), "--draft-model", str(cli_models / "draft"), "--drafter", "chain",
+            "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--compare-plain", "--compare-runs", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("[compare] plain"))
+    assert "(medians of 2 runs)" in line and "x plain; output equals plain decoding: yes" in line
+    assert main(args + ["--json"]) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cmp = rec["compare_plain"]
+    assert cmp["equals_plain"] is True and cmp["runs"] == 2
+    assert cmp["speedup"] == pytest.approx(cmp["tokens_per_s"] / cmp["plain_tokens_per_s"])
+    assert main(args + ["--temperature", "1", "--seed", "3"]) == 0
+    assert "sampled: speculation keeps the output's distribution" in capsys.readouterr().out
+
+
+def test_demo_reports_medians_of_interleaved_runs_and_exact_outputs(cli_models, capsys):
+    assert main(["demo", "--target", str(cli_models / "target"), "--draft", str(cli_models / "draft"),
+                 "--max-new-tokens", "6", "--runs", "2", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "median of 2 runs of 6 tokens" in out
+    rec = json.loads(out.strip().splitlines()[-1])
+    assert rec["runs"] == 2 and len(rec["rows"]) == 5
+    for row in rec["rows"]:
+        assert len(row["tokens_per_s_runs"]) == 2 and row["identical_to_plain"]
+        assert min(row["tokens_per_s_runs"]) <= row["tokens_per_s"] <= max(row["tokens_per_s_runs"])
+    assert ("too noisy to compare" in out) == rec["too_noisy_to_compare"]
+
+
+def test_noise_is_the_spread_of_a_methods_runs():
+    from stree.cli.timing import TimedRuns, noise_warning, noisy
+
+    quiet, loud = TimedRuns(None, [100.0, 104.0, 98.0]), TimedRuns(None, [100.0, 60.0, 130.0])
+    assert quiet.median == 100.0 and quiet.spread == pytest.approx(0.06)
+    assert noisy({"plain": quiet, "chain": quiet}) == []
+    assert noisy({"plain": quiet, "chain": loud}) == ["chain"]
+    assert "chain 70 %" in noise_warning(["chain"], {"chain": loud})
+    assert noisy({"plain": TimedRuns(None, [100.0])}) == []  # one run: nothing to say
