@@ -195,7 +195,7 @@ def reset_peak_memory(device) -> None:
 
 def peak_memory_gib(device) -> float | None:
     """The most GPU memory allocated since ``reset_peak_memory`` (GiB; None on the CPU): recorded per row, since
-    at the 2.7B shape and batch 64 a state is 10 GiB and the rows once ran out of memory."""
+    at the 2.7B shape and batch 64 one engine's state is 10 GiB."""
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
@@ -206,10 +206,10 @@ def settle_oracle(model, prompts, conts, oracle, batch: int, rounds: int) -> int
     In bf16 a tree pass and a one-token step round differently, so near-ties can make the speculative
     output leave plain decoding's continuation; the oracle would then be wrong from there on. Each
     round runs the batch with the oracle and, where the output left the registered continuation,
-    registers the output instead. In fp32 nothing changes (outputs equal plain greedy). In bf16 on
-    the random 2.7B shape it was measured not to converge (BENCHMARKS.md §0d): a round moves the step
-    boundaries, so later tokens are scored at other tree depths and flip again; the bench records
-    how many outputs followed (``followed_continuation``). Returns the rounds that changed something.
+    registers the output instead. In fp32 nothing changes (outputs equal plain greedy). In bf16 on a
+    random target without planted successors it need not converge: a round moves the step boundaries,
+    so later tokens are scored at other tree depths and flip again; the bench records how many outputs
+    followed (``followed_continuation``). Returns the rounds that changed something.
     """
     for p, c in zip(prompts, conts):
         oracle.set_continuation(p, c)

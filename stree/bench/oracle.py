@@ -38,10 +38,10 @@ def make_target(shape: str, device, dtype) -> StreeLM:
     """Random weights, built on ``device``: mamba_ssm's init with its residual rescaling, an untied LM head, and
     planted successors (``plant_successors_``) so that bf16 rounding cannot change a greedy choice.
 
-    A step's cost does not depend on the weights' values. Without the plant, the random model's top two logits were
+    A step's cost does not depend on the weights' values. Without the plant, a random model's top two logits are
     ~0.1 standard deviations apart, and a tree pass rounds differently from a one-token step (their bf16 logits
-    differ by ~2 %): outputs that mix the two (``--tree auto``) left any registered continuation within a few
-    tokens, so the oracle was wrong from there on (BENCHMARKS.md §0g, §0q).
+    differ by ~2 %): outputs that mix the two (``--tree auto``) leave any registered continuation within a few
+    tokens, and the oracle is wrong from there on.
     """
     s = SHAPES[shape]
     cfg = ModelConfig(d_model=s["d_model"], n_layer=s["n_layer"], vocab_size=s["vocab_size"], tie_embeddings=False,

@@ -157,8 +157,8 @@ def test_self_oracle_refuses_what_it_cannot_do(models):
 def test_a_drafter_never_deferred_is_charged_no_refresh_and_auto_leaves_plain_early(models):
     """The oracle follows every step (not lazy), so leaving plain decoding refreshes nothing. With step costs known
     (as graph captures give them on the GPU) and a 2 % exploration budget, a first look at a free chain right to depth
-    2 must come within a short run; charged a phantom refresh the size of an admission, it came only after hundreds
-    of plain steps, and a 128-token run stayed plain (the 2.7B oracle, BENCHMARKS.md §0r)."""
+    2 must come within a short run; charged a phantom refresh the size of an admission, it would come only after
+    hundreds of plain steps, so a 128-token run would stay plain."""
     from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
     from stree.protocols.tree_shape import TreeShape
     from stree.verifier.decode.engine import Engine, Request

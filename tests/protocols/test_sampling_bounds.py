@@ -26,6 +26,6 @@ def test_the_bounds_themselves_and_greedy_are_accepted():
 
 @pytest.mark.parametrize("top_k", [2**32, 10**400, float("inf"), float("nan")])
 def test_top_k_past_its_range_is_refused_naming_the_bound(top_k):
-    """A top_k past int64 used to pass and break the engine's shared step (every request in it)."""
+    """A top_k past int64 is refused up front: it would break the engine's shared step (every request in it)."""
     with pytest.raises(ValueError, match="top_k must"):
         SamplingParams(temperature=1.0, top_k=top_k)

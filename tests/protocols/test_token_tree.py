@@ -187,7 +187,7 @@ def test_complex_draft_probs_rejected():
 
 
 def test_bool_tokens_in_a_list_rejected():
-    # torch.as_tensor([5, True]) is an int64 tensor, so this used to be accepted as token 1
+    # torch.as_tensor([5, True]) is an int64 tensor: a bool must be refused before it becomes token 1
     _raises(ValueError, FP, [5, True], [-1, 0], match=r"tokens\[1\] is the bool True")
     _raises(ValueError, FP, [5, 6], [-1, False], match=r"parents\[1\] is the bool")
     _raises(ValueError, FP, [5, np.bool_(True)], [-1, 0], match="bool")
@@ -201,7 +201,7 @@ def test_chain_rejects_bool_and_float_tokens():
 
 
 def test_from_sequences_rejects_fractional_float_tokens():
-    # used to truncate 1.7 to token 1
+    # int(1.7) would be token 1: a fractional id is refused, not truncated
     msg = _raises(ValueError, FS, 5, [[1.7, 2]], match=r"sequences\[0\]\[0\] is 1.7")
     assert "must be integers" in msg
 
@@ -235,7 +235,7 @@ def test_tokens_overflowing_int64_rejected():
     _raises(ValueError, TokenTree.chain, [1, 2**100], match="does not fit int64")
     _raises(ValueError, FS, 0, [[big]], match="does not fit int64")
     _raises(ValueError, FP, [1, -(2**70)], [-1, 0], match="negative token id")
-    # uint64 values past int64 used to wrap to negative ids
+    # uint64 values past int64 would wrap to negative ids
     u = torch.tensor([1, 2**64 - 1], dtype=torch.uint64)
     _raises(ValueError, FP, u, [-1, 0], match="does not fit int64")
     _raises(ValueError, FP, np.array([1, 2**63], np.uint64), [-1, 0], match="does not fit int64")

@@ -43,7 +43,7 @@ def test_the_slowest_prior_is_the_low_quantile_of_finished_sequences_ratios():
 
 
 def test_the_slowest_sequence_decides_when_the_batch_drains():
-    # the pair at batch 64 (H100, §0r): chain:3 at 2.08x plain's cost; the batch mean tau 2.31 would win ...
+    # chain:3 at 2.08x plain's step cost (the trained pair at batch 64): the batch mean tau 2.31 would win ...
     assert not draft_finishes_later([128] * 4, [2.31] * 4, 1.734, 0.833)
     # ... but a sequence that gets only half the draft's gain finishes last, later than plain decoding would
     assert draft_finishes_later([128] * 4, [2.31, 2.31, 2.31, 1.655], 1.734, 0.833)

@@ -216,7 +216,7 @@ def test_goodput_defers_the_drafter_until_a_draft_and_refreshes_it_exactly(model
 
 def test_plain_choices_never_run_the_drafter(models):
     """When goodput control keeps choosing plain steps the drafter costs nothing: no prefill, no backlog, no
-    draft-model step per plain step (the H100 measured that step at ~10 % of a plain step of the demo pair)."""
+    draft-model step per plain step (such a step costs about a tenth of the demo target's plain step)."""
     model, draft = models["mamba2"], models["draft"]
     drafter = DeviceTreeDrafter(draft)
     engine = Engine(model, drafter, ["none", "chain:2"], max_batch=2, max_seqlen=96, goodput=True)

@@ -219,8 +219,8 @@ def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
 
 def test_a_retry_from_plain_decoding_pays_one_refresh_per_running_sequence():
     """A measured refresh counts per sequence it prefilled, and a retry from plain decoding is priced with one per
-    sequence of the step: due at batch 1, not at batch 8 (H200, trained pair: a retry priced with one sequence's
-    refresh refreshed all 16 or 64 and made its run 6-8 % slower than plain)."""
+    sequence of the step: due at batch 1, not at batch 8 (a retry priced with one sequence's refresh would refresh
+    all 16 or 64 running sequences and lose several % of a run)."""
     ctl, chooser, plain, chain = _settled_on_plain()
     ctl.observe(plain, 1.0, 1.0, refresh_s=4.0, refreshed=8)  # eight sequences refreshed in 4 s
     assert chooser.refresh_cost == pytest.approx(0.5)
@@ -477,8 +477,8 @@ def test_a_step_of_many_sequences_counts_as_that_many_samples():
 
 
 def test_at_batch_64_a_costly_draft_that_pays_is_looked_at_within_one_short_run():
-    """The 2.7B oracle at batch 64 (H100, §0r): plain 13.2 ms a step, chain:4 35 ms at tau 4. With a 2 % budget a
-    first look priced at four chain steps waited for 330 plain steps, longer than a 128-token run; priced at the
+    """Step costs of the 2.7B oracle at batch 64: plain 13.2 ms a step, chain:4 35 ms at tau 4. With a 2 % budget a
+    first look priced at four chain steps would wait for 330 plain steps, longer than a 128-token run; priced at the
     one step that measures 64 sequences, it comes within ~90 steps, and then the chain is kept."""
     plain, chain = TreeShape.parse("none"), TreeShape.parse("chain:4")
     cost, tau = {"none": 13.2e-3, "chain:4": 35e-3}, {"none": 1.0, "chain:4": 4.0}
