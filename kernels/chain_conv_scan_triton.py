@@ -18,18 +18,8 @@ from stree.kernels.pdl import pdl_enter
 from stree.kernels.tree_conv_triton import conv_scan_program, conv_tiles, softplus_dt, store_tree_acts
 
 CHAIN_MAX_NODES = 5
-"""Longest chain the sequential kernel takes by default; longer chains run the whole-tree tile kernel. Measured on
-the H100 (2026-11-25, graphed, one layer; BENCHMARKS.md §0q): at 5 nodes 5.2 against 5.7 us (demo target, fp32)
-and 9.3 against 9.7 us (Mamba2-2.7B layer, bf16); at 8 nodes the tile kernel wins (5.7 against 6.3, 9.6 against
-12.7), since the sequential part grows with every node."""
-
-CHAIN_SCANS = ("seq", "tile")
-
-
-def chain_scan_setting() -> str:
-    """``STREE_CHAIN_SCAN``: ``seq`` (the default: chains of up to ``CHAIN_MAX_NODES`` nodes run this kernel) or
-    ``tile`` (every chain runs the whole-tree kernel, as any tree)."""
-    return backend.env_choice("STREE_CHAIN_SCAN", CHAIN_SCANS, "seq")
+"""Longest chain the sequential kernel takes; longer chains run the whole-tree tile kernel, which is faster there
+because the sequential part grows with every node (BENCHMARKS.md has the per-length timings)."""
 
 
 @triton.jit

@@ -209,25 +209,3 @@ def gated_rmsnorm_linear(y, z, norm_weight, group_size, eps, norm_before_gate, w
         return gated_rmsnorm_linear_rows_triton(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias)
 
     return fused() if norm_linear.use_fused("gated_rmsnorm", y, weight, fused, unfused) else unfused()
-
-
-def mamba_block_step(x, residual, p, conv_state, ssm_state):
-    """A Mamba2 block's whole decode step (``MambaBlockParams`` ``p``): ``(out, new residual)``, both states in
-    place. One persistent launch where ``block_step_choice`` measured it faster, else the three ops
-    (``add_rmsnorm_linear``, ``mamba_step``, ``gated_rmsnorm_linear``)."""
-    from stree.kernels.mamba_block_step import block_step_choice, split_zxbcdt
-
-    def split(cs, hs):
-        zxbcdt, r = add_rmsnorm_linear(x, residual, p.norm_w, p.norm_eps, p.residual_in_fp32, p.in_w, p.in_b)
-        z, xBC, dt = split_zxbcdt(zxbcdt, p)
-        y = mamba_step(cs, hs, xBC, dt, p.conv_w, p.conv_b, p.dt_bias, p.A, p.D, p.ngroups, p.dt_limit, "silu")
-        return gated_rmsnorm_linear(y, z, p.gnorm_w, p.group_size, p.gnorm_eps, p.norm_before_gate, p.out_w,
-                                    p.out_b), r
-
-    def fused(cs, hs, programs_per_sm):
-        from stree.kernels.mamba_block_step_triton import mamba_block_step_triton
-
-        return mamba_block_step_triton(x, residual, p, cs, hs, programs_per_sm=programs_per_sm)
-
-    choice = block_step_choice(x, p, conv_state, ssm_state, split, fused)
-    return split(conv_state, ssm_state) if choice == "split" else fused(conv_state, ssm_state, choice)

@@ -5,10 +5,8 @@ In a batch-1 decode step every kernel is short, so the gap between one kernel's 
 loads is a large share of the step. With PDL the next kernel's launch, program start-up and its weight loads
 (weights are never written by a step) overlap the previous kernel's tail.
 
-``STREE_PDL=on|off`` (default ``on``) switches it for the kernels that support it: every stree Triton kernel but
-the persistent block step, whose grid barriers need all its programs resident. Measured on the H100 (BENCHMARKS.md
-§0m): the trained pair's fp32 decode step takes 0.85x the time, the 130M step 0.92x, the 2.7B step 0.99x, with the
-same bits. A kernel that takes ``PDL`` calls ``pdl_enter`` in every program before its first load of anything a
+The setting ``STREE_PDL`` (``protocols/settings.py``, default ``on``) switches it for every stree Triton kernel;
+the outputs are the same bits either way. A kernel that takes ``PDL`` calls ``pdl_enter`` in every program before its first load of anything a
 previous kernel may write and before any store, so the chain of waits orders every launch after all earlier ones,
 exactly as without PDL. The CPU interpreter has no PDL, so there it is always off.
 """
@@ -22,24 +20,19 @@ import torch
 import triton
 import triton.language as tl
 
-from stree.kernels.backend import env_choice
+from stree.protocols import settings
 
-ENV = "STREE_PDL"
-CHOICES = ("off", "on")
-_FORCED: str | None = None
+ENV = settings.PDL
 
 
 def use(setting: str | None) -> None:
     """Force PDL on or off for this process (``None`` goes back to ``STREE_PDL``)."""
-    if setting is not None and setting not in CHOICES:
-        raise ValueError(f"unknown PDL setting {setting!r}; choose from {', '.join(CHOICES)}")
-    global _FORCED
-    _FORCED = setting
+    settings.force(ENV, setting)
 
 
 def setting() -> str:
     """``'on'`` or ``'off'``: the forced setting, else ``STREE_PDL`` (a bad value is refused)."""
-    return env_choice(ENV, CHOICES, "on", _FORCED)
+    return settings.value(ENV)
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from stree.kernels import pdl
-from stree.kernels.chain_conv_scan_triton import CHAIN_MAX_NODES, chain_scan_setting, launch_chain_conv_scan
+from stree.kernels.chain_conv_scan_triton import CHAIN_MAX_NODES, launch_chain_conv_scan
 from stree.kernels.pdl import pdl_enter
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.tree_conv_scan import split_xbc
@@ -105,7 +105,7 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     default ``FUSED_MAX_NODES``, or ``FUSED_MAX_NODES_HALF`` in half precision) nodes run the two unfused
     kernels. ``is_chain=True`` treats every tree as the chain ``parents[i] = i - 1`` (no parent loads, no mask
     closure); ``block_p``/``num_warps`` tune the tile. Chains of up to ``chain_max_nodes`` nodes (default
-    ``CHAIN_MAX_NODES``, 0 under ``STREE_CHAIN_SCAN=tile``; at most ``FUSED_MAX_NODES``) run the sequential chain
+    ``CHAIN_MAX_NODES``; at most ``FUSED_MAX_NODES``) run the sequential chain
     kernel (``chain_conv_scan_triton``) first, whatever ``max_fused_nodes`` says.
     """
     if activation not in FUSED_ACTIVATIONS:
@@ -128,7 +128,7 @@ def tree_conv_scan_triton(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_b
     half = xBC.dtype in (torch.float16, torch.bfloat16)
     lo, hi = dt_limit
     if chain_max_nodes is None:
-        chain_max_nodes = CHAIN_MAX_NODES if chain_scan_setting() == "seq" else 0
+        chain_max_nodes = CHAIN_MAX_NODES
     bp = _block_p(p, half, block_p)
     fits = s <= SMALL_MAX_STATE and width >= 2
     if fits and is_chain and n <= min(chain_max_nodes, FUSED_MAX_NODES):  # short chains: the sequential kernel

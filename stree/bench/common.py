@@ -38,14 +38,10 @@ def device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
 def kernel_settings() -> dict:
     """The environment switches that change which kernels run, as this process resolves them (a record names
     them, since its ``command`` does not show the environment)."""
-    from stree.drafter_service.drafters.mamba.device_draft import beam_draft_setting, chain_draft_setting
-    from stree.kernels import backend, pdl
-    from stree.kernels.chain_conv_scan_triton import chain_scan_setting
-    from stree.kernels.mamba_block_step import block_step_setting
+    from stree.kernels import backend
+    from stree.protocols import settings
 
-    return {"STREE_PDL": pdl.setting(), "STREE_BLOCK_STEP": block_step_setting(),
-            "STREE_CHAIN_DRAFT": chain_draft_setting(), "STREE_BEAM_DRAFT": beam_draft_setting(),
-            "STREE_CHAIN_SCAN": chain_scan_setting(),
+    return {**settings.snapshot(),
             "STREE_KERNELS": backend.resolve("cuda") if torch.cuda.is_available() else backend.resolve("cpu")}
 
 
@@ -91,24 +87,6 @@ def tee(path: str):
         out.flush()
 
     return say
-
-
-def random_block_params(d: int, heads: int, headdim: int, d_state: int, dtype: torch.dtype, generator,
-                        device="cuda"):
-    """A Mamba2 block's ``MambaBlockParams`` (one group, conv width 4, no biases) with random weights scaled like
-    a trained block's, for the block-step probes and GPU tests."""
-    from stree.kernels.mamba_block_step import MambaBlockParams
-
-    d_ssm, c = heads * headdim, heads * headdim + 2 * d_state
-
-    def rnd(*size, scale=1.0, dt=dtype):
-        return (torch.randn(*size, device=device, generator=generator) * scale).to(dt)
-
-    return MambaBlockParams(
-        rnd(d).abs() + 0.5, 1e-5, True, rnd(d_ssm + c + heads, d, scale=d ** -0.5), None, rnd(c, 4, scale=0.5),
-        rnd(c), rnd(heads, dt=torch.float32) - 2.0,
-        -torch.exp(torch.rand(heads, device=device, generator=generator) * 2.7), rnd(heads, dt=torch.float32), 1,
-        (0.0, float("inf")), rnd(d_ssm).abs() + 0.5, d_ssm, 1e-5, False, rnd(d, d_ssm, scale=d_ssm ** -0.5), None)
 
 
 def demo_pair(device, dtype: torch.dtype = torch.float32):

@@ -723,7 +723,7 @@ def _bench_model_shape(device, dtype, shape_name, rows: list, prompt_len: int, b
         add("draft_beam_4x3_engine", 12, engine_beam_draft_ms(model, prompt, beam_steps=True),
             note="the engine's device draft: 4 three-row decode steps + 1 tree pass + commit, graphed")
         add("draft_beam_4x3_engine_tree", 12, engine_beam_draft_ms(model, prompt, beam_steps=False),
-            note="the same draft by 5 tree passes + commit (STREE_BEAM_DRAFT=tree), graphed")
+            note="the same draft by 5 tree passes + commit (beam_steps=False), graphed")
     model = base = state = None  # free this shape's weights before the next
     torch.cuda.empty_cache()
 

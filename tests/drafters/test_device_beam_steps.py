@@ -11,7 +11,7 @@ import pytest
 import torch
 from device_draft_helpers import prefilled_drafter, states_close
 
-from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter, beam_draft_setting
+from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.kernels import backend
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
@@ -101,11 +101,6 @@ def test_hybrid_draft_models_keep_tree_passes_for_beams(models):
     assert not drafter.beam_steps
 
 
-def test_beam_draft_setting_reads_the_environment(models, monkeypatch):
-    monkeypatch.delenv("STREE_BEAM_DRAFT", raising=False)
-    assert beam_draft_setting() == "steps" and DeviceTreeDrafter(models["draft"]).beam_steps
-    monkeypatch.setenv("STREE_BEAM_DRAFT", "tree")
-    assert beam_draft_setting() == "tree" and not DeviceTreeDrafter(models["draft"]).beam_steps
-    monkeypatch.setenv("STREE_BEAM_DRAFT", "rows")
-    with pytest.raises(ValueError, match="STREE_BEAM_DRAFT"):
-        beam_draft_setting()
+def test_pure_mamba2_draft_models_draft_beams_by_steps_by_default(models):
+    assert DeviceTreeDrafter(models["draft"]).beam_steps
+    assert not DeviceTreeDrafter(models["draft"], beam_steps=False).beam_steps

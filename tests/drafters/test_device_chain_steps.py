@@ -11,7 +11,7 @@ import pytest
 import torch
 from device_draft_helpers import prefilled_drafter, states_close
 
-from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter, chain_draft_setting
+from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
 from stree.kernels import backend
@@ -76,11 +76,6 @@ def test_hybrid_draft_models_keep_tree_passes(models):
     assert not drafter.chain_steps and drafter.scratch is None
 
 
-def test_chain_draft_setting_reads_the_environment(models, monkeypatch):
-    monkeypatch.delenv("STREE_CHAIN_DRAFT", raising=False)
-    assert chain_draft_setting() == "steps" and DeviceTreeDrafter(models["draft"]).chain_steps
-    monkeypatch.setenv("STREE_CHAIN_DRAFT", "tree")
-    assert chain_draft_setting() == "tree" and not DeviceTreeDrafter(models["draft"]).chain_steps
-    monkeypatch.setenv("STREE_CHAIN_DRAFT", "token")
-    with pytest.raises(ValueError, match="STREE_CHAIN_DRAFT"):
-        chain_draft_setting()
+def test_pure_mamba2_draft_models_draft_chains_by_steps_by_default(models):
+    assert DeviceTreeDrafter(models["draft"]).chain_steps
+    assert not DeviceTreeDrafter(models["draft"], chain_steps=False).chain_steps

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from kernel_trees import rel_err  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
-from stree.kernels.chain_conv_scan_triton import CHAIN_MAX_NODES, chain_scan_setting  # noqa: E402
+from stree.kernels.chain_conv_scan_triton import CHAIN_MAX_NODES  # noqa: E402
 from stree.kernels.tree_conv_scan import tree_conv_scan_ref  # noqa: E402
 from stree.kernels.tree_conv_scan_triton import tree_conv_scan_triton  # noqa: E402
 
@@ -73,17 +73,3 @@ def test_longer_chains_and_trees_take_the_tile_kernel():
     with count_launches() as c:  # not marked as a chain: the whole-tree kernel reads the parents
         tree_conv_scan_triton(**_chain_inputs(gen, 1, 4, 2, 8, 1, 8, 4, True, (0.0, float("inf"))))
     assert c["triton._chain_conv_scan_kernel"] == 0 and c["triton._tree_conv_scan_kernel"] == 1
-
-
-def test_the_switch_sends_chains_to_the_tile_kernel(monkeypatch):
-    gen = torch.Generator().manual_seed(random.randrange(2**31))
-    args = _chain_inputs(gen, 2, 5, 2, 8, 1, 8, 4, True, (0.0, float("inf")))
-    monkeypatch.delenv("STREE_CHAIN_SCAN", raising=False)
-    assert chain_scan_setting() == "seq"
-    monkeypatch.setenv("STREE_CHAIN_SCAN", "tile")
-    with count_launches() as c:
-        _run(args)
-    assert c["triton._chain_conv_scan_kernel"] == 0 and c["triton._tree_conv_scan_kernel"] == 1
-    monkeypatch.setenv("STREE_CHAIN_SCAN", "loop")
-    with pytest.raises(ValueError, match="STREE_CHAIN_SCAN"):
-        _run(args)

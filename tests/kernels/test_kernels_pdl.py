@@ -1,5 +1,5 @@
 """The ``STREE_PDL`` switch: on by default, forced from Python, a bad value refused, never on for the CPU
-interpreter; and every stree Triton kernel (but the persistent block step) takes part, so one kernel launched
+interpreter; and every stree Triton kernel takes part, so one kernel launched
 without its wait cannot slip in. (Bit-for-bit equality with PDL on and off is checked on the GPU:
 ``tests/gpu/test_pdl_gpu.py``.)"""
 
@@ -14,7 +14,7 @@ import torch
 from stree.kernels import pdl
 
 KERNEL_DIR = Path(pdl.__file__).parent
-WITHOUT_PDL = {"_mamba_block_step_kernel"}  # grid barriers: every program must be resident, none may wait on a launch
+WITHOUT_PDL: set = set()  # kernels that may not take PDL (none today)
 # kernels whose body hands PDL to a tile function that loads only weights before its wait
 WAITS_IN_TILE = {"_linear_rows_kernel": "linear_rows_tile"}
 OUTPUT_OF_EARLIER_KERNELS = ("x_ptr", "r_ptr", "z_ptr", "nw_ptr", "b_ptr", "y_ptr", "rout_ptr", "tl.store")
@@ -33,7 +33,7 @@ def test_setting_defaults_on_and_is_forced_or_refused(monkeypatch):
     assert pdl.setting() == "off"
     pdl.use("on")
     assert pdl.setting() == "on"
-    with pytest.raises(ValueError, match="PDL setting"):
+    with pytest.raises(ValueError, match="STREE_PDL value"):
         pdl.use("maybe")
     pdl.use(None)
     monkeypatch.setenv(pdl.ENV, "yes")

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from stree.kernels import ops
 from stree.kernels.backend import capturing
-from stree.kernels.mamba_block_step import block_step_setting
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
 
@@ -23,7 +22,7 @@ from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.layer_stack import allocate_stacked, map_layers, paired_field_stacks, stacked_view
 from stree.verifier.model.linear import Linear
-from stree.verifier.model.mamba2_mixer import Mamba2Mixer, Projected, StepMix
+from stree.verifier.model.mamba2_mixer import Mamba2Mixer, Projected
 from stree.verifier.model.parallel_mixer import ParallelMixer
 from stree.verifier.model.shared_block_mixer import SharedBlockMixer
 from stree.verifier.model.token_mixers import NoLayerState, SoftmaxMoEMLP, token_mixer
@@ -93,12 +92,7 @@ class Block(nn.Module):
         """``mix(normed)`` is the mixer call for the current mode (``mix(stream, emb)`` for a hybrid layer, which
         reads the residual stream itself and the token embeddings ``emb``). ``fuse`` (step and tree modes) lets
         a Mamba2 block hand its mixer the pre-norm already through ``in_proj`` (``ops.add_rmsnorm_linear``)."""
-        # split (the default) takes the branch below; a step from another state's rows always does
-        if (fuse and self.fusable_in_proj and isinstance(mix, StepMix) and mix.source is None
-                and self.mixer.block_fusable and block_step_setting() != "split"):
-            hidden, residual = mix.mixer.block_step(hidden, residual, self.norm, self.residual_in_fp32, mix.state)
-            hidden = self._scaled(hidden)
-        elif fuse and self.fusable_in_proj:
+        if fuse and self.fusable_in_proj:
             proj = self.mixer.in_proj
             zxbcdt, residual = ops.add_rmsnorm_linear(hidden, residual, self.norm.weight, self.norm.eps,
                                                       self.residual_in_fp32, proj.weight, proj.bias)
@@ -338,7 +332,7 @@ class StreeLM(WeightsHome, nn.Module):
         """Per layer, ``h -> y`` through its mixer's ``mode`` ("prefill" or "step") on the layer's state;
         attention also gets the tokens already in the state, token mixers (MLPs) take ``h`` alone.
         ``lengths`` (prefill only) is each row's count of real tokens in a right-padded batch. ``source`` and
-        ``rows`` (steps of Mamba2 layers only): each layer steps ``source``'s rows into ``state`` (``StepMix``)."""
+        ``rows`` (steps of Mamba2 layers only): each layer steps ``source``'s rows into ``state``."""
         seqlen = state.seqlen
         kw = {} if lengths is None else {"lengths": lengths}
         sources = [None] * len(state.layers) if source is None else source.layers
@@ -346,7 +340,7 @@ class StreeLM(WeightsHome, nn.Module):
             b.mixer if b.kind == "token"
             else (lambda h, e, f=getattr(b.mixer, mode), s=s: f(h, e, s, seqlen, **kw)) if b.kind == "hybrid"
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, seqlen, **kw)) if b.is_attention
-            else StepMix(b.mixer, s, src, rows) if mode == "step" and type(b.mixer) is Mamba2Mixer
+            else (lambda h, f=b.mixer.step, s=s, src=src: f(h, s, src, rows)) if mode == "step" and type(b.mixer) is Mamba2Mixer
             else (lambda h, f=getattr(b.mixer, mode), s=s: f(h, s, **kw))
             for b, s, src in zip(self.backbone.layers, state.layers, sources)
         ]

@@ -13,7 +13,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stree.kernels import ops
-from stree.kernels.mamba_block_step import MambaBlockParams
 from stree.kernels.tree_conv_scan import split_xbc
 
 from stree.verifier.model.config import ModelConfig
@@ -32,20 +31,6 @@ class MambaTreeActs:
     dt: torch.Tensor  # [B, N, H]
     Bm: torch.Tensor  # [B, N, G, S]
     xBC: torch.Tensor  # [B, N, C] pre-conv
-
-
-@dataclass
-class StepMix:
-    """A Mamba2 mixer's decode step on one layer's state, as the block's ``mix``: lets the block run its norm,
-    the mixer and out_proj as one op (``Mamba2Mixer.block_step``)."""
-
-    mixer: "Mamba2Mixer"
-    state: MambaLayerState
-    source: "MambaLayerState | None" = None  # step row b from row ``rows[b]`` of this state into ``state``
-    rows: "torch.Tensor | None" = None
-
-    def __call__(self, u):
-        return self.mixer.step(u, self.state, self.source, self.rows)
 
 
 @dataclass
@@ -199,24 +184,6 @@ class Mamba2Mixer(nn.Module):
                            getattr(self, "activation", "silu"), src_rows=rows,
                            new_states=None if source is None else (state.conv_state, state.ssm_state))
         return self._gate_out(y, z, z0, x0)
-
-    @property
-    def block_fusable(self) -> bool:
-        """Whether the whole block's decode step can run as ``ops.mamba_block_step`` (gated norm, no MLP half,
-        SiLU)."""
-        return self.rmsnorm and self.d_mlp == 0 and getattr(self, "activation", "silu") in ("silu", "swish")
-
-    def block_step(self, hidden: torch.Tensor, residual, norm: nn.RMSNorm, residual_in_fp32: bool,
-                   state: MambaLayerState):
-        """The block's decode step from its input stream: residual add + ``norm``, in_proj, this step, gated norm
-        and out_proj, as one op; ``(out, new residual)``. Needs ``block_fusable``."""
-        n = self.norm
-        p = MambaBlockParams(
-            norm.weight, norm.eps, residual_in_fp32,
-            self.in_proj.weight, self.in_proj.bias, self._conv_w, self.conv1d.bias, self.dt_bias, self._A(), self.D,
-            self.ngroups, self.dt_limit, n.weight, n.group_size, n.eps, n.norm_before_gate, self.out_proj.weight,
-            self.out_proj.bias)
-        return ops.mamba_block_step(hidden, residual, p, state.conv_state, state.ssm_state)
 
     def tree(self, u: "torch.Tensor | Projected", state: MambaLayerState, parents: torch.Tensor,
              is_chain: bool = False, acts_out=None):

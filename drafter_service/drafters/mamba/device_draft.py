@@ -8,7 +8,7 @@ exactly as the target's commit does, so the draft state never steps token by tok
 reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
 
 On a pure Mamba2 draft model, chains and beams are picked by one-token decode steps instead
-(``STREE_CHAIN_DRAFT``, ``STREE_BEAM_DRAFT``): a chain steps a scratch copy of the slots' state (an SSM state
+(``chain_steps``, ``beam_steps``): a chain steps a scratch copy of the slots' state (an SSM state
 is small); a beam's M rows step from their parents' rows into a second scratch state, depth by depth in turn
 (the root's step from the slots' rows, one row per sequence), so beams stay in place by index and no state is
 gathered. That costs fewer launches than a tree pass per depth and runs the LM head over M rows, not the whole
@@ -22,27 +22,11 @@ from typing import Optional
 import torch
 
 from stree.drafter_service.drafters.gumbel import pick_children
-from stree.kernels import backend
 from stree.protocols.device_drafter import DeviceDraft
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.model.graphed_prefill import PrefillRunner
-
-
-CHAIN_DRAFTS = ("steps", "tree")
-
-
-def chain_draft_setting() -> str:
-    """``STREE_CHAIN_DRAFT``: ``steps`` (the default: one-token steps on a scratch state, where the draft model is
-    pure Mamba2) or ``tree`` (a tree pass per depth, as every other template)."""
-    return backend.env_choice("STREE_CHAIN_DRAFT", CHAIN_DRAFTS, "steps")
-
-
-def beam_draft_setting() -> str:
-    """``STREE_BEAM_DRAFT``: ``steps`` (the default: M-row decode steps on a scratch state, where the draft model is
-    pure Mamba2) or ``tree`` (a tree pass over the whole beam layout per depth)."""
-    return backend.env_choice("STREE_BEAM_DRAFT", CHAIN_DRAFTS, "steps")
 
 
 class DeviceTreeDrafter:
@@ -65,12 +49,8 @@ class DeviceTreeDrafter:
         self._layout: dict = {}
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
         pure = all(b.kind == "mamba" for b in model.backbone.layers)  # a state small enough to copy per draft
-        if chain_steps is None:
-            chain_steps = chain_draft_setting() == "steps"
-        self.chain_steps = chain_steps and pure
-        if beam_steps is None:
-            beam_steps = beam_draft_setting() == "steps"
-        self.beam_steps = beam_steps and pure
+        self.chain_steps = pure if chain_steps is None else chain_steps and pure
+        self.beam_steps = pure if beam_steps is None else beam_steps and pure
 
     def supports(self, shape: TreeShape) -> bool:
         return shape.kind in self.KINDS
