@@ -19,8 +19,8 @@ import torch
 from stree.bench.e2e import encode_prompts
 from stree.bench.prompt_sets import load_prompt_set
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.engine import CATCH_UP, EXPLORE_BUDGET, EXPLORE_WINDOW
-from stree.verifier.decode.goodput import GoodputController
+from stree.verifier.decode.drafter_slots import CATCH_UP
+from stree.verifier.decode.goodput import EXPLORE_BUDGET, EXPLORE_WINDOW, GoodputController
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.tokenizer import load_tokenizer

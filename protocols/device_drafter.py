@@ -1,13 +1,26 @@
-"""The device-drafter interface: a drafter whose whole draft for B sequence slots is device code.
+"""The device-drafter contract: a drafter whose whole draft for B sequence slots is device code.
 
-The engine captures such a draft inside its one CUDA graph per step (draft, target tree pass,
-verification, both commits). Host drafters (n-gram, retrieval, remote, plugins) keep the
-``Drafter``/``DrafterSession`` interface; the engine pads their trees into a fixed node bucket.
+The engine captures such a draft inside its one CUDA graph per step (draft, target tree pass, verification,
+both commits). Host drafters (n-gram, retrieval, remote, plugins) keep the ``Drafter``/``DrafterSession``
+interface instead; the engine pads their trees into a fixed node bucket.
 
-Optional hooks the engine calls when a device drafter has them: ``observe_target(hidden, slot=None)``
-hands it the target's final-norm hidden state at each slot's last accepted node (``[B, d]`` inside
-the step, ``[d]`` for one slot after its prefill), for drafters that read the target's states
-(TreeFlash); ``mutable()`` lists the tensors a step advances, when they are not a draft model's state.
+What the engine calls, and when:
+
+- always: ``supports``, ``new_slots`` (once per engine), ``prefill_slots`` (a sequence joins, or its stale slot is
+  refreshed), ``park`` (after every step: rewind slots that hold no sequence), ``draft`` then ``commit`` (a
+  drafted step), ``step_roots`` (a plain step, unless the drafter ``catches_up``), ``mutable`` (the tensors a step
+  advances: the engine saves and restores them around a graph capture's warm-up runs), ``warm_up_prefill``
+  (compile and capture its prefill ahead of traffic);
+- only when ``observes_target`` is True: ``observe_target(hidden, slot=None)`` with the target's final-norm hidden
+  state at each slot's last accepted node (``[B, d]`` inside the step, ``[d]`` for one slot after its prefill);
+- only when ``catches_up`` is True: the engine may skip ``step_roots`` on plain steps and instead call
+  ``catch_up(backlog, count)`` once before the next draft with every token it skipped (``backlog`` ``[B, L]``,
+  ``count`` ``[B]``); past ``L`` tokens it lets the slot go stale and refreshes it with ``prefill_slots`` from the
+  whole sequence instead.
+
+``DeviceDrafterBase`` gives the optional parts their defaults (both flags False, no prefill warm-up), so a drafter
+states what it does by what it overrides. A drafter's slots belong to the last engine that called ``new_slots``;
+``claim``/``claimed_by`` let an earlier engine notice it no longer owns them.
 """
 
 from __future__ import annotations
@@ -40,6 +53,10 @@ class DeviceDraft:
 class DeviceDrafter(Protocol):
     """Draft state for B slots plus fixed-shape drafts over them (no host sync anywhere)."""
 
+    observes_target: bool
+    catches_up: bool
+    generator: Optional[torch.Generator]  # the engine's generator for sampled rows (None: the device's default)
+
     def supports(self, shape: TreeShape) -> bool:
         """Whether ``draft`` can lay out trees of ``shape``."""
         ...
@@ -48,12 +65,8 @@ class DeviceDrafter(Protocol):
         """Allocate state for ``batch_size`` slots of up to ``max_seqlen`` tokens."""
         ...
 
-    def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
-        """Load a joining sequence's context (every token before its root) into ``slot``."""
-        ...
-
     def prefill_slots(self, slots: list[int], contexts: list) -> None:
-        """``prefill_slot`` for many joining sequences at once (token id lists or tensors)."""
+        """Load each joining sequence's context (every token before its root; id lists or tensors) into its slot."""
         ...
 
     def park(self, idle: torch.Tensor) -> None:
@@ -73,8 +86,68 @@ class DeviceDrafter(Protocol):
         """Advance every slot by its root alone (a plain decoding step)."""
         ...
 
+    def mutable(self) -> list[torch.Tensor]:
+        """The tensors a step advances."""
+        ...
 
-def prefill_each(drafter, slots: list[int], contexts: list) -> None:
-    """``prefill_slots`` one slot at a time, for drafters whose per-slot prefill is cheap host work."""
-    for slot, context in zip(slots, contexts):
-        drafter.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+    def warm_up_prefill(self) -> None:
+        """Compile and capture whatever ``prefill_slots`` runs, while no slot holds a sequence."""
+        ...
+
+    def observe_target(self, hidden: torch.Tensor, slot: Optional[int] = None) -> None:
+        """The target's hidden state at the last accepted node (called only when ``observes_target``)."""
+        ...
+
+    def catch_up(self, backlog: torch.Tensor, count: torch.Tensor) -> None:
+        """Feed each slot's first ``count[b]`` tokens of ``backlog`` (called only when ``catches_up``)."""
+        ...
+
+    def claim(self, owner: object) -> None:
+        """Record ``owner`` (an engine) as the holder of the slots it is about to allocate."""
+        ...
+
+    def claimed_by(self, owner: object) -> bool:
+        """Whether ``owner`` still holds the slots."""
+        ...
+
+
+class DeviceDrafterBase:
+    """Defaults for a ``DeviceDrafter``'s optional parts; subclasses implement the rest."""
+
+    observes_target = False
+    catches_up = False
+    generator: Optional[torch.Generator] = None
+    _owner: Optional[object] = None
+
+    def mutable(self) -> list[torch.Tensor]:
+        return []
+
+    def warm_up_prefill(self) -> None:
+        """Nothing to compile ahead."""
+
+    def observe_target(self, hidden: torch.Tensor, slot: Optional[int] = None) -> None:
+        raise RuntimeError(f"{type(self).__name__} does not observe the target (observes_target is False)")
+
+    def catch_up(self, backlog: torch.Tensor, count: torch.Tensor) -> None:
+        raise RuntimeError(f"{type(self).__name__} cannot catch up (catches_up is False)")
+
+    def claim(self, owner: object) -> None:
+        self._owner = owner
+
+    def claimed_by(self, owner: object) -> bool:
+        return self._owner is owner
+
+    def prefill_each(self, slots: list[int], contexts: list) -> None:
+        """``prefill_slots`` one slot at a time through ``prefill_slot``, for drafters whose per-slot prefill is
+        cheap host work."""
+        for slot, context in zip(slots, contexts):
+            self.prefill_slot(slot, torch.as_tensor(context, dtype=torch.long))
+
+
+@dataclass
+class DeviceOffer:
+    """What ``Drafter.device_drafter`` returns: the device drafter and the tree shapes it offers (``none`` among
+    them lets the engine choose plain steps too)."""
+
+    drafter: DeviceDrafter
+    shapes: list

@@ -4,16 +4,23 @@ A session holds the drafter's own state for one generation (a draft model's SSM 
 n-gram index of the context, ...). Its context is the prompt plus every token committed since;
 ``draft`` returns a tree whose root is the last context token. Drafters can only change speed:
 the verifier checks every drafted token, so a wrong or empty draft costs time, never output.
+
+A drafter that can also draft for many sequences at once as device code offers a ``DeviceDrafter``
+(``protocols/device_drafter.py``) through ``device_drafter()``; the engine then drafts inside its step graph.
+Host-only drafters return None there (``HostDrafter`` does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
 
 from .sampling import SamplingParams
 from .token_tree import MAX_TREE_NODES, TokenTree
 from .validate import budget_problem
+
+if TYPE_CHECKING:
+    from .device_drafter import DeviceOffer
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,35 @@ class DrafterSession(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A drafter plugin: a named factory of sessions."""
+    """A drafter plugin: a named factory of sessions, and optionally of device drafts."""
 
     name: str
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> DrafterSession:
         """Start a session whose context is ``prompt_ids`` (non-empty)."""
         ...
+
+    def device_drafter(self) -> Optional["DeviceOffer"]:
+        """The device drafter and the tree shapes it offers, or None when this drafter drafts on the host only."""
+        ...
+
+
+class HostDrafter:
+    """Base for drafters that draft on the host only (sessions per generation): ``device_drafter`` is None."""
+
+    name = "host"
+
+    def device_drafter(self) -> None:
+        return None
+
+
+def drafter_problem(drafter: object) -> Optional[str]:
+    """Why ``drafter`` does not follow the ``Drafter`` protocol (the first missing part), or None."""
+    for part in ("name", "open", "device_drafter"):
+        if getattr(drafter, part, None) is None:
+            return (f"{type(drafter).__name__} has no {part!r}: a drafter has a name, open(prompt_ids, params) and "
+                    f"device_drafter() (subclass stree.HostDrafter for a host-only drafter)")
+    return None
 
 
 class ContextSession:

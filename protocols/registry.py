@@ -14,7 +14,7 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Callable
 
-from stree.protocols.drafter import Drafter
+from stree.protocols.drafter import Drafter, drafter_problem
 
 ENTRY_POINT_GROUP = "stree.drafters"
 
@@ -73,7 +73,11 @@ def create_drafter(name: str, **options) -> Drafter:
     missing = missing_options(factory, options)
     if missing:  # e.g. retrieval without a datastore, or "fusion" without its parts
         raise ValueError(f"drafter {name!r} needs {', '.join(missing)}, which this caller did not provide")
-    return factory(**filter_options(factory, options))
+    built = factory(**filter_options(factory, options))
+    why = drafter_problem(built)
+    if why is not None:
+        raise TypeError(f"drafter {name!r} does not follow the Drafter protocol: {why}")
+    return built
 
 
 def filter_options(factory: Callable, options: dict) -> dict:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from stree.protocols import DraftBudget, SamplingParams, TokenTree
+from stree.protocols import DraftBudget, HostDrafter, SamplingParams, TokenTree
 
 from stree.drafter_service.drafters.session import DrafterSession
 from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
 
 
-class NgramDrafter:
+class NgramDrafter(HostDrafter):
     """Prompt-lookup drafter; deterministic, model-free.
 
     ``max_branches``: most distinct continuations merged into one tree; ``max_scan``: most earlier

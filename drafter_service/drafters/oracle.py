@@ -13,12 +13,12 @@ import random
 import time
 from typing import Callable, Optional, Sequence
 
-from stree.protocols.drafter import ContextSession, DraftBudget
+from stree.protocols.drafter import ContextSession, DraftBudget, HostDrafter
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 
 
-class OracleDrafter:
+class OracleDrafter(HostDrafter):
     """``continuation``: the target's greedy tokens after ``prompt``; ``correct_depth``: k; ``nodes``: tree size."""
 
     name = "oracle"

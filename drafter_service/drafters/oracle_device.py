@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from stree.drafter_service.drafters.oracle import OracleDrafter
-from stree.protocols.device_drafter import DeviceDraft, prefill_each
+from stree.protocols.device_drafter import DeviceDraft, DeviceDrafterBase, DeviceOffer
 from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode
 from stree.protocols.tree_shape import TreeShape
@@ -26,7 +26,7 @@ def wrong_salts(num_nodes: int, vocab_size: int, device) -> torch.Tensor:
     return 1 + (torch.arange(num_nodes, device=device) * 40503) % (vocab_size - 1)
 
 
-class OracleDeviceDrafter:
+class OracleDeviceDrafter(DeviceDrafterBase):
     """A ``Drafter`` (``open`` = the host oracle) whose ``device_drafter()`` is itself, over ``shapes``.
 
     ``set_continuation(prompt, continuation)`` registers what the target generates after ``prompt``;
@@ -87,9 +87,9 @@ class OracleDeviceDrafter:
         return OracleDrafter(prompt_ids, self.continuation(prompt_ids), self.vocab_size, self.k,
                              nodes).open(prompt_ids, params)
 
-    def device_drafter(self):
+    def device_drafter(self) -> DeviceOffer:
         """Itself, over its shapes (several, ``none`` included, let the engine choose by goodput)."""
-        return self, list(self.shapes)
+        return DeviceOffer(self, list(self.shapes))
 
     # ----- the DeviceDrafter side -------------------------------------------------------------------
     def supports(self, shape: TreeShape) -> bool:
@@ -112,7 +112,8 @@ class OracleDeviceDrafter:
             self.seq[slot, : len(seq)] = torch.tensor(seq, device=self.device)
         self.pos[slot] = 0
 
-    prefill_slots = prefill_each
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        self.prefill_each(slots, contexts)
 
     def park(self, idle: torch.Tensor) -> None:
         self.pos.masked_fill_(idle, 0)

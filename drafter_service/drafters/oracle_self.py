@@ -1,8 +1,8 @@
 """The device oracle's continuation in any dtype: the target drafts for itself on the oracle's tree shape.
 
 In bf16 a tree pass and a one-token step round differently, so plain greedy decoding's output is not
-what a speculative run produces, and an oracle holding it loses τ after the first near-tie
-(BENCHMARKS.md §0d). ``SelfOracleDrafter`` is the target as its own device draft model on one chain
+what a speculative run produces, and an oracle holding it loses τ after the first near-tie.
+``SelfOracleDrafter`` is the target as its own device draft model on one chain
 or static shape (greedy), with every node below depth ``k`` made certainly wrong: each step accepts
 exactly ``k`` tokens plus the bonus. Its output is the continuation for an ``OracleDeviceDrafter``
 with the same ``k``, shape and batch: that run's target tree passes see the same tokens on every
@@ -16,7 +16,7 @@ import torch
 
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
 from stree.drafter_service.drafters.oracle_device import wrong_salts
-from stree.protocols.device_drafter import DeviceDraft
+from stree.protocols.device_drafter import DeviceDraft, DeviceOffer
 from stree.protocols.sampling import RowSampling
 from stree.protocols.tree_shape import TreeShape
 
@@ -42,8 +42,8 @@ class SelfOracleDrafter(DeviceTreeDrafter):
         self._first = torch.tensor([parents.index(p) if p >= 0 else 0 for p in parents], device=target.device)
         self._salt = wrong_salts(self.tree.num_nodes, target.vocab_size, target.device)
 
-    def device_drafter(self):
-        return self, [self.tree]
+    def device_drafter(self) -> DeviceOffer:
+        return DeviceOffer(self, [self.tree])
 
     def open(self, prompt_ids, params):
         raise ValueError("self oracle: drafts on the device only (greedy, one chain or static shape)")
@@ -53,7 +53,6 @@ class SelfOracleDrafter(DeviceTreeDrafter):
             raise ValueError("self oracle: greedy decoding only")
         d = super().draft(shape, roots, sampling, any_sampled)
         # a node's first sibling holds the greedy choice at their parent, so a salt added to it makes every
-        # deep node differ from what its own parent accepts, on whichever branch was accepted. (Static trees
-        # at batch > 1 in bf16 still lose tau in some rows, BENCHMARKS.md section 0g: cause not found.)
+        # deep node differ from what its own parent accepts, on whichever branch was accepted
         wrong = (d.tokens[:, self._first] + self._salt) % self.model.vocab_size
         return DeviceDraft(torch.where(self._deep[None, :], wrong, d.tokens), d.parents, None, d.mode)

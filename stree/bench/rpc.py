@@ -98,21 +98,24 @@ def draft_steps(drafter, context: list[int], steps: int, verify_s: float, vocab:
 
 
 def decode_steps(model, drafter, context: list[int], steps: int) -> dict:
-    """Full decoding steps (draft + tree verify + commit) of ``model`` with ``drafter``."""
-    from stree.verifier.decode.loop import DecodeSession
+    """Full decoding steps (draft + tree verify + commit) of ``model`` in the engine, drafted on the host by
+    ``drafter`` (each engine step is one draft, one tree pass and one commit for the one sequence)."""
+    from stree.verifier.decode.engine import Engine, Request
 
-    session = drafter.open(list(context), SamplingParams())
-    dec = DecodeSession(model, context, session, SamplingParams(), BUDGET, max_new_tokens=steps * 40 + 400)
+    new_tokens = steps * 40 + 400
+    engine = Engine(model, "host", max_batch=1, max_seqlen=len(context) + new_tokens, budget=BUDGET)
+    req = engine.add(Request(list(context), new_tokens, drafter_session=drafter.open(list(context), SamplingParams())))
     times = []
     for i in range(steps + 10):
         t0 = time.perf_counter()
-        dec.step()
+        engine.step()
         if i >= 10:
             times.append(time.perf_counter() - t0)
-    out = {**_percentiles(times), "mean_accepted_length": dec.stats["mean_accepted_length"],
-           "fallbacks": dec.fallbacks}
-    dec.close()
-    return out
+    req.cancel()
+    while engine.has_work:
+        engine.step()
+    return {**_percentiles(times), "mean_accepted_length": req.stats["mean_accepted_length"],
+            "fallbacks": req.drafter_fallbacks}
 
 
 def run(args) -> int:

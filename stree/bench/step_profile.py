@@ -20,6 +20,7 @@ from stree.bench.common import add_pair_args, cancel_all, record_meta, save_reco
 from stree.kernels.cuda_graph import graphed_us, mean_replay_ms
 from stree.protocols.token_tree import TreeBatch
 from stree.verifier.decode.engine import Engine, Request
+from stree.verifier.decode.step_graphs import PLAIN, TREE, StepKey
 from stree.verifier.model.checkpoint import load_model
 
 PHASES = ("stree.draft", "stree.target_tree_pass", "stree.verify", "stree.target_commit", "stree.draft_commit")
@@ -28,8 +29,7 @@ PHASES = ("stree.draft", "stree.target_tree_pass", "stree.verify", "stree.target
 def phase_table(engine: Engine, shape) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    engine.cuda_graphs = False
-    engine.shapes = [shape]
+    engine.graphs.enabled = False
     engine.add(Request(list(range(10, 40)), max_new_tokens=200))
     for _ in range(3):
         engine.step()
@@ -183,17 +183,17 @@ def run(args) -> int:
     for label, drafter, spec in _cases(args, draft):
         engine = Engine(target, drafter, [spec], max_batch=args.batch, max_seqlen=512)
         record["phases"][label] = phase_table(engine, engine.shapes[0])
-        engine.cuda_graphs = True
+        engine.graphs.enabled = True
         engine.add(Request(list(range(10, 40)), max_new_tokens=64))
         while engine.has_work:
             engine.step()
-        key = ("tree", engine.shapes[0], False, False) if spec != "none" else ("none", False, False)
-        if key in engine.graphs:
-            record["graph_ms"][label] = mean_replay_ms(engine.graphs[key])
+        key = StepKey(TREE, engine.shapes[0]) if spec != "none" else StepKey(PLAIN)
+        if key in engine.graphs.graphs:
+            record["graph_ms"][label] = mean_replay_ms(engine.graphs.graphs[key])
         if spec != "none":  # the draft alone (greedy), graphed: what the drafter costs per step
-            shape = engine.shapes[0]
+            shape, program = engine.shapes[0], engine.program
             record["draft_ms"][label] = graphed_us(
-                [lambda: engine.drafter.draft(shape, engine.roots, engine.sampling, False)]) / 1e3
+                [lambda: engine.drafter.drafter.draft(shape, program.roots, program.sampling, False)]) / 1e3
     b = args.batch
     for name, model in (("draft", draft), ("target", target)):
         state = model.new_state(b, 512)

@@ -14,7 +14,7 @@ from stree.drafter_service.drafters.retrieval.datastore import Datastore
 from stree.drafter_service.drafters.fusion.fusion import FusionDrafter, merge_trees
 from stree.drafter_service.drafters.ngram import NgramDrafter
 from stree.drafter_service.drafters.retrieval.drafter import RetrievalDrafter
-from stree.protocols import ContextSession
+from stree.protocols import ContextSession, HostDrafter
 from drafter_checks import assert_valid_draft, budgets, drafts_after_commits
 
 GREEDY = SamplingParams()
@@ -75,7 +75,7 @@ class BrokenSession(ContextSession):
         raise RuntimeError("drafter crashed")
 
 
-class BrokenDrafter:
+class BrokenDrafter(HostDrafter):
     """A plugin whose draft always raises."""
 
     name = "broken"
@@ -90,7 +90,7 @@ class SamplingSession(ContextSession):
         return TokenTree.from_parents([self.context[-1], 1], [-1, 0], draft_probs=probs, mode=DraftMode.IID)
 
 
-class SamplingDrafter:
+class SamplingDrafter(HostDrafter):
     """A plugin whose trees are sampled (IID), which fusion must refuse."""
 
     name = "sampler"

@@ -169,7 +169,7 @@ def test_a_drafter_never_deferred_is_charged_no_refresh_and_auto_leaves_plain_ea
     oracle = OracleDeviceDrafter(target.vocab_size, 2, ["none", "chain:3"], target.device)
     oracle.set_continuation(prompt, cont)
     engine = Engine(target, oracle, ["none", "chain:3"], max_batch=1, max_seqlen=64, goodput=True)
-    assert not engine.defer_drafter
+    assert not engine.drafter.defer
     for shape in ("none", "chain:3"):  # the same cost for both: a look at the chain can lose nothing but a refresh
         engine.goodput.prime(TreeShape.parse(shape), False, cost=1e-4)
     [req] = engine.run([Request(prompt, max_new_tokens=n)])

@@ -158,7 +158,7 @@ def test_checkpoint_round_trip_and_bad_options(tmp_path):
     for a, b in zip(net.state_dict().values(), loaded.state_dict().values()):
         assert torch.equal(a, b)
     drafter = create_drafter("treeflash", treeflash=str(tmp_path / "tf"), tree="chain:2")
-    assert drafter.device_drafter()[1] == [TreeShape.parse("chain:2")]
+    assert drafter.device_drafter().shapes == [TreeShape.parse("chain:2")]
     with pytest.raises(ValueError, match="depth"):
         create_drafter("treeflash-marginal", treeflash=net, tree="chain:4")
     with pytest.raises(ValueError, match="treeflash="):

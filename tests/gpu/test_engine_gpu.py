@@ -43,7 +43,7 @@ def test_graphed_engine_equals_plain_greedy_fp32(models, arch, batch):
             engine = Engine(target, DeviceTreeDrafter(draft), [shape], max_batch=batch, max_seqlen=128)
             reqs = engine.run([Request(p, max_new_tokens=40) for p in prompts])
             assert [r.output for r in reqs] == plain, (arch, shape, batch)
-            assert engine.graphs and not engine.graphs_failed
+            assert engine.graphs and not engine.graphs.failed
     finally:
         backend.use(None)
 
@@ -132,7 +132,7 @@ def test_warm_up_times_every_step_graph_for_goodput_control(models):
     for sampled in (False, True):
         rows = [r for r in engine.goodput.table() if r["sampled"] == sampled]
         assert len(rows) == 3 and all(r["known_cost"] and r["cost_ms"] > 0 and r["steps"] == 0 for r in rows)
-    assert {key[0] for key in engine.step_costs} >= {"none", "tree"}
+    assert {key.kind for key in engine.graphs.costs} >= {"plain", "tree"}
     prompts = _prompts(2, torch.Generator().manual_seed(11))
     plain = [stree.generate(target, p, max_new_tokens=24, cuda_graphs=False).token_ids for p in prompts]
     assert str(engine.goodput.choose()) == "none"

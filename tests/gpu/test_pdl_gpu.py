@@ -100,4 +100,4 @@ def test_graphed_engine_with_pdl_equals_plain_greedy_without(gpu_models, arch, p
         engine = Engine(target, DeviceTreeDrafter(draft), [shape], max_batch=3, max_seqlen=128)
         reqs = engine.run([Request(p, max_new_tokens=32) for p in prompts])
         assert [r.output for r in reqs] == plain, (arch, shape)
-        assert engine.graphs and not engine.graphs_failed
+        assert engine.graphs and not engine.graphs.failed

@@ -20,7 +20,7 @@ from stree.proto.rpc import shared_loop  # noqa: E402
 from service_helpers import drafter_service, wait_until  # noqa: E402
 from stree.proto.stree.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc  # noqa: E402
 from stree.protocols import DraftBudget, SamplingParams, TokenTree, create_drafter, register_drafter  # noqa: E402
-from stree.protocols.drafter import ContextSession  # noqa: E402
+from stree.protocols.drafter import ContextSession, HostDrafter  # noqa: E402
 from stree.verifier.service.remote_drafter import DraftUnavailable, RemoteDrafter, parse_drafter_url  # noqa: E402
 
 BUDGET = DraftBudget(max_nodes=16, max_depth=4, max_width=4)
@@ -33,7 +33,7 @@ class FingerprintSession(ContextSession):
         return TokenTree.chain([self.context[-1], len(self.context) % 1000, sum(self.context) % 1000])
 
 
-class FingerprintDrafter:
+class FingerprintDrafter(HostDrafter):
     name = "fingerprint"
 
     def open(self, prompt_ids, params):

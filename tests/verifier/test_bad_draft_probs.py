@@ -7,13 +7,13 @@ import torch
 
 import stree
 from stree import DraftBudget, TokenTree
-from stree.protocols.drafter import ContextSession
+from stree.protocols.drafter import ContextSession, HostDrafter
 from stree.protocols.token_tree import DraftMode
 
 BUDGET = DraftBudget(max_nodes=8, max_depth=4, max_width=4)
 
 
-class _PoisonedProbsDrafter:
+class _PoisonedProbsDrafter(HostDrafter):
     """Every draft is an IID tree whose draft_probs hold ``value`` (NaN, -0.5, ...) in one row."""
 
     name = "poisoned-probs"

@@ -43,7 +43,7 @@ def test_the_slowest_prior_is_the_low_quantile_of_finished_sequences_ratios():
 
 
 def test_the_slowest_sequence_decides_when_the_batch_drains():
-    # chain:3 at 2.08x plain's step cost (the trained pair at batch 64): the batch mean tau 2.31 would win ...
+    # the trained pair at batch 64: chain:3 at 2.08x plain's cost; the batch mean tau 2.31 would win ...
     assert not draft_finishes_later([128] * 4, [2.31] * 4, 1.734, 0.833)
     # ... but a sequence that gets only half the draft's gain finishes last, later than plain decoding would
     assert draft_finishes_later([128] * 4, [2.31, 2.31, 2.31, 1.655], 1.734, 0.833)
@@ -103,12 +103,12 @@ def test_a_new_batch_starts_from_how_slow_the_slowest_sequence_was_before(models
         oracle.set_continuation(p, c)
     engine = Engine(target, oracle, ["none", "chain:3"], max_batch=4, max_seqlen=64, goodput=True)
     _fixed_costs(engine, {"none": 1e-3, "chain:3": 2e-3})
-    engine.slow_prior.min_history = 4  # the first run's four sequences
+    engine.chooser.slow_prior.min_history = 4  # the first run's four sequences
     drafted = []
     for _ in range(2):
         before = engine.metrics["steps:chain:3"]
         reqs = engine.run([Request(p, max_new_tokens=n) for p in prompts])
         assert [r.output for r in reqs] == [c[:n] for c in conts]
         drafted.append(engine.metrics["steps:chain:3"] - before)
-    assert len(engine.slow_prior.ratios) >= 3 and engine.slow_prior.ratio(4) < 0.6
+    assert len(engine.chooser.slow_prior.ratios) >= 3 and engine.chooser.slow_prior.ratio(4) < 0.6
     assert drafted[1] < drafted[0]

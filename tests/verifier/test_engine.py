@@ -127,7 +127,7 @@ def test_bad_requests_are_refused_before_any_work(models):
     engine = Engine(models["mamba2"], None, max_batch=1, max_seqlen=16)
     with pytest.raises(ValueError, match="at least one token"):
         engine.add(Request([], max_new_tokens=3))
-    with pytest.raises(ValueError, match="prompt token ids"):
+    with pytest.raises(ValueError, match="prompt token id 1000000 is outside"):
         engine.add(Request([10**6], max_new_tokens=3))
     with pytest.raises(ValueError, match="tokens per sequence"):
         engine.add(Request([1] * 10, max_new_tokens=100))
@@ -169,7 +169,7 @@ def test_catch_up_equals_feeding_the_backlog_token_by_token(models, target):
 def test_plain_steps_leave_a_lazy_drafter_behind_and_it_catches_up_exactly(models):
     """Self-drafting (draft == target) accepts every drafted token only if the draft state is in sync:
     runs of plain steps longer than the backlog, then drafts, with sequences joining mid-run."""
-    from stree.verifier.decode import engine as engine_mod
+    from stree.verifier.decode import drafter_slots as engine_mod
 
     model = models["hybrid"]
     prompts = [[5, 9, 13], [2], [40, 41, 42, 43], [7, 7]]
@@ -194,7 +194,7 @@ def test_goodput_defers_the_drafter_until_a_draft_and_refreshes_it_exactly(model
     """Under goodput control a lazy drafter is not prefilled at admission, and a plain run longer than the
     backlog leaves it stale; the first draft after that prefills it from prompt + output. Self-drafting
     (draft == target) accepts every drafted token only if that refresh is exact."""
-    from stree.verifier.decode import engine as engine_mod
+    from stree.verifier.decode import drafter_slots as engine_mod
 
     model = models["hybrid"]
     drafter = DeviceTreeDrafter(model)
@@ -225,7 +225,7 @@ def test_plain_choices_never_run_the_drafter(models):
     prompts = [[5, 9, 13], [2], [4, 4]]
     reqs = engine.run([Request(p, max_new_tokens=25) for p in prompts])
     assert [r.output for r in reqs] == [_reference(model, p, 25) for p in prompts]
-    assert int(engine.backlog_len.max()) == 0 and engine.behind == 0
+    assert int(engine.drafter.backlog_len.max()) == 0 and engine.drafter.behind == 0
 
 
 def test_a_draft_that_needed_a_drafter_refresh_is_charged_for_it(models):
@@ -261,9 +261,10 @@ def test_a_step_that_captured_a_graph_is_no_cost_sample(models):
     launched = []  # (shape, whether its step captured a graph)
 
     def run_and_pretend_to_capture(key):
-        run(key)
+        clean = run(key)
         # CPU has no graphs: each key's first run stands for the one that captured its graph
-        engine.graphs.setdefault(key, None)
+        engine.graphs.graphs.setdefault(key, None)
+        return clean
 
     def spy(t0, shape, *args):
         before = len(engine.graphs)
@@ -287,41 +288,41 @@ def test_warm_up_runs_every_step_kind_then_starts_afresh(models):
     engine = Engine(model, DeviceTreeDrafter(draft), ["none", "chain:2", "beam:2x2"], max_batch=2, max_seqlen=96,
                     goodput=True)
     assert engine.warm_up() == 0  # no CUDA graphs: nothing to do
-    engine.cuda_graphs = True  # capture fails on the CPU and the engine falls back to eager steps
+    engine.graphs.enabled = True  # capture fails on the CPU and the engine falls back to eager steps
     keys = set()
     run = engine._run
-    engine._run = lambda key: (keys.add(key[:1] + tuple(k for k in key[1:] if isinstance(k, bool))), run(key))
+    engine._run = lambda key: (keys.add(_bools(key)), run(key))[1]
     engine.warm_up()
     # plain steps with the drafter stale (not fed) and live (fed its backlog), greedy and sampled
-    assert keys == {("none", False, False, False), ("none", False, False, True), ("none", True, False, False),
-                    ("none", True, False, True), ("tree", False, False), ("tree", True, False), ("catch_up",)}
+    assert keys == {("plain", False, False, False), ("plain", False, False, True), ("plain", True, False, False),
+                    ("plain", True, False, True), ("tree", False, False), ("tree", True, False), ("catch_up",)}
     assert all(row["steps"] == 0 for row in engine.goodput.table()) and not engine.metrics
     assert engine.num_running == 0 and not engine.has_work
     # a drafter refresh was timed: until one is measured, that (not a whole admission) is what leaving plain costs
-    assert engine.refresh_guess_s > 0 and engine.goodput._refresh_guess == engine.refresh_guess_s
+    assert engine.chooser.priors.refresh_s > 0 and engine.goodput.refresh_guess == engine.chooser.priors.refresh_s
     prompts = [[5, 9, 13], [2]]
     reqs = engine.run([Request(p, max_new_tokens=20) for p in prompts])
     assert [r.output for r in reqs] == [_reference(model, p, 20) for p in prompts]
-    assert engine.goodput._refresh_guess == engine.refresh_guess_s  # admissions did not replace it
+    assert engine.goodput.refresh_guess == engine.chooser.priors.refresh_s  # admissions did not replace it
 
 
 def test_a_capture_that_fails_after_its_warm_up_runs_loses_nothing(models, monkeypatch):
     """capture_graph runs the step twice for real before it captures; when the capture then fails (an op
     the graph cannot hold), the engine goes eager, and the state those runs advanced must be restored."""
-    from stree.verifier.decode import engine as engine_mod
+    from stree.verifier.decode import step_graphs
 
     def warm_up_then_fail(fn, warmup=1):
         for _ in range(warmup):
             fn()
         raise RuntimeError("operation failed due to a previous error during capture")
 
-    monkeypatch.setattr(engine_mod, "capture_graph", warm_up_then_fail)
+    monkeypatch.setattr(step_graphs, "capture_graph", warm_up_then_fail)
     model, draft = models["hybrid"], models["draft"]
     engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=2, max_seqlen=96)
-    engine.cuda_graphs = True
+    engine.graphs.enabled = True
     prompts = [[5, 9, 13], [2, 4]]
     reqs = engine.run([Request(p, max_new_tokens=12) for p in prompts])
-    assert engine.graphs_failed
+    assert engine.graphs.failed
     assert [r.output for r in reqs] == [_reference(model, p, 12) for p in prompts]
 
 
@@ -347,55 +348,58 @@ def test_warm_up_engines_warms_each_goodput_engine_once(models):
     """Benchmarks call warm_up_engines before every timed row: an engine it already warmed is left alone (its
     graphs are held), and output stays exact. On the CPU the engine is told it has graphs (captures fail and it
     runs eagerly), as in the warm-up test above."""
+    from stree.verifier.decode.engine_pool import EnginePool
     from stree.verifier.decode.loop import generate, warm_up_engines
 
     model, draft = models["mamba2"], models["draft"]
-    model.__dict__.pop("_stree_engines", None)
+    pool = EnginePool()
     prompt = [3, 5, 7]
-    generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=6)
-    (_, engine, _), = model.__dict__["_stree_engines"].values()
-    engine.cuda_graphs = True
-    assert warm_up_engines(model) == 1 and engine.warmed_up
-    assert warm_up_engines(model) == 0
-    out = generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=12)
+    generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=6, pool=pool)
+    engine, = pool.engines(model)
+    engine.graphs.enabled = True
+    assert warm_up_engines(model, pool) == 1 and engine.warmed_up
+    assert warm_up_engines(model, pool) == 0
+    out = generate(model, prompt, drafter="mamba", draft_model=draft, tree="auto", max_new_tokens=12, pool=pool)
     assert out.token_ids == _reference(model, prompt, 12)
 
 
 def test_a_named_drafter_keeps_one_engine_across_generate_calls(models):
     """generate(drafter="mamba") builds the drafter once per target and options, so its engine (and the
     CUDA graphs it holds) serves every later call: before, each call built a new drafter and engine."""
+    from stree.verifier.decode.engine_pool import EnginePool
     from stree.verifier.decode.loop import generate
 
     model, draft = models["mamba2"], models["draft"]
-    model.__dict__.pop("_stree_engines", None)  # the cache is bounded (8): count from empty, whatever ran before
+    pool = EnginePool()
     prompt = [3, 5, 7]
-    first = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6)
-    engines = dict(model.__dict__["_stree_engines"])
-    second = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6)
-    assert model.__dict__["_stree_engines"] == engines and second.token_ids == first.token_ids
-    generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:3", max_new_tokens=6)
-    assert len(model.__dict__["_stree_engines"]) == len(engines) + 1  # other options: another drafter
+    first = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6, pool=pool)
+    engines = pool.engines(model)
+    second = generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:2", max_new_tokens=6, pool=pool)
+    assert pool.engines(model) == engines and second.token_ids == first.token_ids
+    generate(model, prompt, drafter="mamba", draft_model=draft, tree="chain:3", max_new_tokens=6, pool=pool)
+    assert len(pool.engines(model)) == len(engines) + 1  # other options: another drafter
 
 
 def test_release_engines_forgets_one_drafters_engine_or_all(models):
-    """release_engines drops the cached engine of the drafter named (the others stay and still serve exactly),
-    or every cached engine; a later generate builds afresh and is still exact."""
+    """release_engines drops the kept engine of the drafter named (the others stay and still serve exactly),
+    or every kept engine; a later generate builds afresh and is still exact."""
     from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+    from stree.verifier.decode.engine_pool import EnginePool
     from stree.verifier.decode.loop import generate, release_engines
 
     model = models["mamba2"]
-    model.__dict__.pop("_stree_engines", None)
+    pool = EnginePool()
     prompt = [3, 5, 7]
     mine, other = (OracleDeviceDrafter(model.vocab_size, 1, "chain:2", model.device) for _ in range(2))
-    generate(model, prompt, drafter=mine, max_new_tokens=6)
-    kept = generate(model, prompt, drafter=other, max_new_tokens=6)
-    cache = model.__dict__["_stree_engines"]
-    assert set(cache) == {id(mine), id(other)}
-    assert release_engines(model, mine) == 1 and set(cache) == {id(other)}
-    assert release_engines(model, mine) == 0
-    assert generate(model, prompt, drafter=other, max_new_tokens=6).token_ids == kept.token_ids
-    assert release_engines(model) == 1 and not cache
-    assert generate(model, prompt, drafter=mine, max_new_tokens=9).token_ids == _reference(model, prompt, 9)
+    generate(model, prompt, drafter=mine, max_new_tokens=6, pool=pool)
+    kept = generate(model, prompt, drafter=other, max_new_tokens=6, pool=pool)
+    drafters = lambda: {e.drafter.drafter for e in pool.engines(model)}  # noqa: E731
+    assert drafters() == {mine, other}
+    assert release_engines(model, mine, pool) == 1 and drafters() == {other}
+    assert release_engines(model, mine, pool) == 0
+    assert generate(model, prompt, drafter=other, max_new_tokens=6, pool=pool).token_ids == kept.token_ids
+    assert release_engines(model, pool=pool) == 1 and not pool.engines(model)
+    assert generate(model, prompt, drafter=mine, max_new_tokens=9, pool=pool).token_ids == _reference(model, prompt, 9)
 
 
 def test_an_engine_whose_drafter_was_taken_over_refuses_to_step(models):
@@ -405,7 +409,7 @@ def test_an_engine_whose_drafter_was_taken_over_refuses_to_step(models):
     drafter = DeviceTreeDrafter(draft)
     old = Engine(model, drafter, ["chain:2"], max_batch=1, max_seqlen=64)
     new = Engine(model, drafter, ["chain:2"], max_batch=1, max_seqlen=64)
-    assert new.owns_drafter and not old.owns_drafter
+    assert new.drafter.owned and not old.drafter.owned
     with pytest.raises(RuntimeError, match="another engine"):
         old.run([Request([1, 2], max_new_tokens=2)])
     assert new.run([Request([1, 2], max_new_tokens=4)])[0].output == _reference(model, [1, 2], 4)
@@ -418,19 +422,27 @@ def test_a_request_with_top_k_gets_its_own_step_after_unfiltered_sampled_steps(m
     engine = Engine(model, DeviceTreeDrafter(draft), ["chain:2"], max_batch=1, max_seqlen=96)
     keys = []
     run = engine._run
-    engine._run = lambda key: (keys.append(key), run(key))
+    engine._run = lambda key: (keys.append(key), run(key))[1]
     free = Request([5, 9, 13], max_new_tokens=10, params=SamplingParams(temperature=1.0, seed=1))
     top1 = Request([2, 4], max_new_tokens=10, params=SamplingParams(temperature=1.0, top_k=1, seed=2))
     engine.run([free, top1])  # one slot: top1 joins after free has left
-    tree_keys = [k for k in keys if k[0] == "tree"]
-    assert tree_keys[0][2:] == (True, False) and tree_keys[-1][2:] == (True, True)
+    tree_keys = [k for k in keys if k.kind == "tree"]
+    assert (tree_keys[0].sampled, tree_keys[0].filtered) == (True, False)
+    assert (tree_keys[-1].sampled, tree_keys[-1].filtered) == (True, True)
     assert top1.output == _reference(model, [2, 4], 10)
+
+
+def _bools(key) -> tuple:
+    """A step key as its kind and its flags (the shape left out)."""
+    if key.kind == "plain":
+        return (key.kind, key.sampled, key.filtered, key.feed)
+    return (key.kind,) if key.kind == "catch_up" else (key.kind, key.sampled, key.filtered)
 
 
 def _prefill_batches(engine) -> list:
     """Spy on the engine's prefill passes: how many prompts joined in each admission."""
-    batches, real = [], engine.prefiller.run
-    engine.prefiller.run = lambda prompts, *a, **k: batches.append(len(prompts)) or real(prompts, *a, **k)
+    batches, real = [], engine.admission.prefiller.run
+    engine.admission.prefiller.run = lambda prompts, *a, **k: batches.append(len(prompts)) or real(prompts, *a, **k)
     return batches
 
 
@@ -454,7 +466,7 @@ def test_queued_prompts_wait_briefly_to_share_one_prefill(models, cap, second_li
     the idle steps would cost more than an admission (steps 10 ms here). Outputs equal plain greedy either way."""
     model = models["mamba2"]
     engine = Engine(model, None, ["none"], max_batch=2, max_seqlen=64, admit_hold_steps=cap)
-    engine.admission_costs = FixedCosts(admit_s=admit_s, step_s=0.01)
+    engine.admission.costs = FixedCosts(admit_s=admit_s, step_s=0.01)
     batches = _prefill_batches(engine)
     prompts, limits = [[1, 2], [3, 4, 5], [6, 7], [7, 8]], [3, second_limit, 5, 5]
     reqs = engine.run([Request(p, max_new_tokens=m) for p, m in zip(prompts, limits)])
@@ -466,7 +478,7 @@ def test_queued_prompts_wait_briefly_to_share_one_prefill(models, cap, second_li
 def test_no_hold_when_every_queued_prompt_fits(models):
     model = models["mamba2"]
     engine = Engine(model, None, ["none"], max_batch=2, max_seqlen=64)
-    engine.admission_costs = FixedCosts(admit_s=1.0, step_s=0.01)
+    engine.admission.costs = FixedCosts(admit_s=1.0, step_s=0.01)
     batches = _prefill_batches(engine)
     engine.run([Request(p, max_new_tokens=m) for p, m in zip([[1, 2], [3, 4], [5, 6]], [3, 6, 4])])
     assert batches == [2, 1] and engine.metrics["admission_holds"] == 0
@@ -499,10 +511,10 @@ def test_a_new_engine_over_the_same_drafter_starts_from_the_acceptance_it_measur
     stays exact."""
     from stree.protocols.drafter import DEFAULT_BUDGET
     from stree.protocols.tree_shape import TreeShape
-    from stree.verifier.decode.loop import engine_for
+    from stree.verifier.decode.engine_pool import EnginePool
 
     model, draft = models["mamba2"], models["draft"]
-    model.__dict__.pop("_stree_engines", None)
+    engine_for = EnginePool().engine_for
     drafter = DeviceTreeDrafter(draft)
     shapes = [TreeShape.parse(s) for s in ("none", "chain:2", "chain:3")]
     first = engine_for(model, drafter, shapes, 2, 128, False, DEFAULT_BUDGET)

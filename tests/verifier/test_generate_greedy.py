@@ -7,7 +7,7 @@ import torch
 
 import stree
 from stree import DraftBudget, TokenTree
-from stree.protocols.drafter import ContextSession
+from stree.protocols.drafter import ContextSession, HostDrafter
 
 ARCHS = ["mamba2", "hybrid"]
 MODEL_DRAFTERS = [
@@ -48,7 +48,7 @@ def test_self_drafting_accepts_whole_chains(models, arch):
     assert got.token_ids == stree.generate(target, [1, 2, 3], max_new_tokens=25).token_ids
 
 
-class _BadDrafter:
+class _BadDrafter(HostDrafter):
     """A drafter that misbehaves in a chosen way on every other step."""
 
     name = "bad"

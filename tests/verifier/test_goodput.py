@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.goodput import GoodputController, ShapeChooser
+from stree.verifier.decode.goodput import GoodputController
+from stree.verifier.decode.shape_chooser import ShapeChooser
+
+
+def _due(chooser: ShapeChooser, shape: TreeShape, best: TreeShape) -> bool:
+    """Whether ``shape``'s retry is due against the ``best`` shape's rate."""
+    return chooser._due_row(chooser.stats[shape], chooser.rate(best))
 
 
 def _run(ctl: GoodputController, steps: int, cost: dict, tau: dict) -> list[str]:
@@ -106,11 +112,11 @@ def test_a_short_chain_s_retry_is_priced_as_the_deepest_chain_it_runs():
     chooser.observe(chain1, 1.5, 1.6, emitted=[2, 1])  # chain:1 loses 0.1 s a step, chain:4 1.5 s
     chooser.observe(chain4, 2.0, 3.5, emitted=[2, 2])
     chooser.current = plain
-    while chooser.clock - chooser.stats[chain1].last_clock < 10.0:  # 10 s of plain: room for 0.2 s of loss
+    while chooser.budget.clock - chooser.stats[chain1].last_clock < 10.0:  # 10 s of plain: room for 0.2 s of loss
         chooser.step += 1
         chooser.observe(plain, 1.0, 1.0)
     assert chooser._retried_row(chooser.stats[chain1]).shape == chain4
-    assert not chooser._due(chain1, plain)  # chain:4's loss, 1.5 s, is over 2 % of 10 s (chain:1's 0.1 s is not)
+    assert not _due(chooser, chain1, plain)  # chain:4's loss, 1.5 s, is over 2 % of 10 s (chain:1's 0.1 s is not)
 
 
 def test_a_refresh_is_charged_in_part_so_a_draft_that_wins_per_step_takes_over():
@@ -172,7 +178,7 @@ def test_an_explore_budget_bounds_the_time_retries_lose():
     def lost_fraction(**kw):
         ctl = GoodputController([plain, chain], retry_every=8, max_retry_every=64, min_samples=2, **kw)
         chosen = _run(ctl, 4000, cost, tau)
-        return 2.0 * chosen[40:].count("chain:3") / ctl.mode().clock
+        return 2.0 * chosen[40:].count("chain:3") / ctl.mode().budget.clock
 
     with_budget, without = lost_fraction(explore_budget=0.02), lost_fraction()
     assert with_budget <= 0.022 and without > 2 * with_budget
@@ -201,7 +207,7 @@ def _settled_on_plain():
 
 def _plain_steps_until(ctl, chooser, plain, chain, since: float) -> None:
     """Plain steps, outside ``choose`` (so no retry runs), until ``since`` seconds passed since chain:3 last ran."""
-    while chooser.clock - chooser.stats[chain].last_clock < since:
+    while chooser.budget.clock - chooser.stats[chain].last_clock < since:
         chooser.step += 1
         ctl.observe(plain, 1.0, 1.0)
 
@@ -211,10 +217,10 @@ def test_a_retry_from_plain_decoding_counts_its_drafter_refresh_in_the_budget():
     the refreshes' running mean, so the same draft is due later once refreshes were observed."""
     ctl, chooser, plain, chain = _settled_on_plain()
     _plain_steps_until(ctl, chooser, plain, chain, 11.0)
-    assert chooser.refresh_s == 0.0 and chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s, 11 s since: 9 % < 10 %
+    assert chooser.refresh_s == 0.0 and _due(chooser, chain, plain)  # loss 2 x 0.5 = 1 s, 11 s since: 9 % < 10 %
     ctl.observe(plain, 1.0, 1.0, refresh_s=2.0)  # a refresh seen (its 1/32 share charged to that step)
     assert chooser.refresh_s == pytest.approx(2.0)
-    assert not chooser._due(chain, plain)  # loss 1 + 2 s against 12 s: 25 % > 10 %
+    assert not _due(chooser, chain, plain)  # loss 1 + 2 s against 12 s: 25 % > 10 %
 
 
 def test_a_retry_from_plain_decoding_pays_one_refresh_per_running_sequence():
@@ -226,9 +232,9 @@ def test_a_retry_from_plain_decoding_pays_one_refresh_per_running_sequence():
     assert chooser.refresh_cost == pytest.approx(0.5)
     _plain_steps_until(ctl, chooser, plain, chain, 16.0)
     chooser.rows = 1
-    assert chooser._due(chain, plain)  # loss 2 steps x 0.5 + 0.5 = 1.5 s against 16 s since: within 10 %
+    assert _due(chooser, chain, plain)  # loss 2 steps x 0.5 + 0.5 = 1.5 s against 16 s since: within 10 %
     chooser.rows = 8  # one step of eight sequences (min_samples 2), but eight refreshes: 0.5 + 8 x 0.5 = 4.5 s
-    assert chooser.burst_steps() == 1 and not chooser._due(chain, plain)
+    assert chooser.burst_steps() == 1 and not _due(chooser, chain, plain)
 
 
 def test_a_windowed_budget_is_not_banked_through_a_quiet_stretch():
@@ -245,8 +251,8 @@ def test_a_windowed_budget_is_not_banked_through_a_quiet_stretch():
             chooser.step += 1
             chooser.observe(plain, 1.0, 1.0)
     # the retry loses 3 - 2.5 = 0.5 s (min_samples 1): within 2 % of 10,000 s, not of the ~20 s the window holds
-    assert whole._due(chain, plain) and not windowed._due(chain, plain)
-    assert windowed.recent == pytest.approx(20.0, rel=1e-3) and windowed.clock == whole.clock
+    assert _due(whole, chain, plain) and not _due(windowed, chain, plain)
+    assert windowed.budget.recent == pytest.approx(20.0, rel=1e-3) and windowed.budget.clock == whole.budget.clock
     with pytest.raises(ValueError, match="explore_window"):
         ShapeChooser([plain], explore_window=0)
 
@@ -331,7 +337,7 @@ def test_first_looks_wait_for_the_budget_to_cover_their_loss_if_nothing_were_acc
     first4 = chosen.index("chain:4")
     assert first4 == 400 and chosen[first4: first4 + 4] == ["chain:4"] * 4 and "chain:2" not in chosen
     assert chosen[-100:] == ["chain:4"] * 100  # then the best measured shape holds
-    assert ctl.mode().explore_spent <= 0.02 * ctl.mode().clock
+    assert ctl.mode().budget.spent <= 0.02 * ctl.mode().budget.clock
 
 
 def test_a_primed_tau_and_a_known_cost_choose_the_best_shape_without_exploring():
@@ -366,8 +372,8 @@ def test_one_explore_budget_bounds_the_retries_of_every_shape_together():
     ctl = GoodputController(shapes, retry_every=8, max_retry_every=64, min_samples=2, explore_budget=0.02)
     chosen = _run(ctl, 8000, cost, tau)
     lost = 2.0 * sum(1 for c in chosen[40:] if c != "none")
-    assert lost / ctl.mode().clock <= 0.022
-    assert ctl.mode().explore_spent <= 0.02 * ctl.mode().clock + 2 * 2.0  # at most one retry's overshoot
+    assert lost / ctl.mode().budget.clock <= 0.022
+    assert ctl.mode().budget.spent <= 0.02 * ctl.mode().budget.clock + 2 * 2.0  # at most one retry's overshoot
 
 
 def test_before_a_refresh_is_measured_a_retry_from_plain_counts_the_guessed_one():
@@ -376,12 +382,12 @@ def test_before_a_refresh_is_measured_a_retry_from_plain_counts_the_guessed_one(
     every running slot costs. A measured refresh replaces the guess."""
     ctl, chooser, plain, chain = _settled_on_plain()
     _plain_steps_until(ctl, chooser, plain, chain, 11.0)
-    assert chooser._due(chain, plain)  # loss 2 x 0.5 = 1 s against 11 s since: within 10 %
+    assert _due(chooser, chain, plain)  # loss 2 x 0.5 = 1 s against 11 s since: within 10 %
     ctl.guess_refresh(3.0)
-    assert chooser.refresh_cost == 3.0 and not chooser._due(chain, plain)  # 1 + 3 s: over 10 %
+    assert chooser.refresh_cost == 3.0 and not _due(chooser, chain, plain)  # 1 + 3 s: over 10 %
     assert ctl.mode(True).refresh_guess == 3.0  # a mode made later starts from the guess too
     ctl.observe(plain, 1.0, 1.0, refresh_s=0.2)
-    assert chooser.refresh_cost == pytest.approx(0.2) and chooser._due(chain, plain)
+    assert chooser.refresh_cost == pytest.approx(0.2) and _due(chooser, chain, plain)
 
 
 def _chain_emitted(rng, depth: int, p: list, batch: int) -> list[int]:

@@ -112,7 +112,7 @@ def test_engine_with_padded_admission_and_refresh_equals_plain_greedy(hybrid, tm
     prompts = [list(range(1, 30)), [3, 4], [9] * 17, [2, 8, 1, 1, 5]]
     drafter = DeviceTreeDrafter(draft)
     engine = Engine(hybrid, drafter, ["chain:2", "beam:2x2"], max_batch=3, max_seqlen=96, prefill_chunk=8)
-    engine.prefiller = PrefillRunner(hybrid, 3, engine.max_seqlen, chunk=8, pad_rows=True)
+    engine.admission.prefiller = PrefillRunner(hybrid, 3, engine.max_seqlen, chunk=8, pad_rows=True)
     drafter.prefiller = PrefillRunner(draft, 3, engine.max_seqlen, chunk=8, pad_rows=True)
     outs = [r.output for r in engine.run([Request(p, 12) for p in prompts])]
     plain = Engine(hybrid, None, ["none"], max_batch=1, max_seqlen=96)

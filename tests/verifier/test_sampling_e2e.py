@@ -12,10 +12,10 @@ import torch
 
 import stree
 from stree import DraftMode, SamplingParams, TokenTree
-from stree.protocols.drafter import ContextSession
+from stree.protocols.drafter import ContextSession, HostDrafter
 from stree.protocols.sampling import warp_logits
 from stree.protocols.sampling import sample_inverse_cdf, warp_logits_rows
-from stree.verifier.decode import engine as engine_mod
+from stree.verifier.decode import step_program as engine_mod
 from stree.verifier.model.checkpoint import init_model, load_model
 
 from stat_helpers import chisquare_pvalue, exact_sequence_distribution
@@ -38,7 +38,7 @@ def pair(tmp_path_factory):
     return target, draft
 
 
-class IIDDrafter:
+class IIDDrafter(HostDrafter):
     """Children drawn i.i.d. from the draft model's warped distribution (two levels)."""
 
     name = "iid-test"

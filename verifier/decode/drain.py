@@ -3,10 +3,8 @@
 Goodput control compares tokens per second per sequence (tau / cost), which is what matters while new requests
 wait to take freed slots. When nothing waits, the running set is done when its last sequence is, and drafts
 help sequences unevenly: plain decoding finishes equal-length sequences together, a draft finishes the
-well-predicted ones early and leaves the poorly predicted ones to run on with a costlier step. Measured on the
-H100 (trained pair, batch 64, 128 tokens each, BENCHMARKS.md §0r): chain:3 at tau 2.31 and 2.08x plain's step cost
-was 11 % ahead by tau / cost, yet its run took 72 steps where the mean sequence needed 51, and auto ran at
-0.79x plain. So when the batch drains, the engine compares the time to finish the whole running set both ways,
+well-predicted ones early and leaves the poorly predicted ones to run on with a costlier step, so a draft ahead
+by tau / cost can still finish the batch later than plain decoding. So when the batch drains, the engine compares the time to finish the whole running set both ways,
 with each sequence's own acceptance (shrunk, while it has few draft steps, towards what the slowest of a batch
 this size accepted in earlier batches: ``SlowestPrior``).
 """
@@ -24,9 +22,8 @@ class SlowestPrior:
     """How a sequence's acceptance compares with the traffic's, from sequences that finished (the last ``keep``).
 
     A new sequence has no draft steps of its own, yet in a batch of B one of them will be about the slowest of B.
-    Its prior is that: the 1 / (B + 1) quantile of the recorded ratios. With only the batch mean as the prior, a
-    fresh batch looked uniform, and every run of the trained pair at batch 16 and 64 drafted its first steps
-    (and refreshed every slot's drafter) before its slow sequences showed (H100, BENCHMARKS.md §0r). Ratios are
+    Its prior is that: the 1 / (B + 1) quantile of the recorded ratios (with the batch mean alone a fresh batch looks
+    uniform, and it drafts before its slow sequences show). Ratios are
     taken against a running mean over recent draft steps, not against the sequences still running: the slowest
     sequence finishes last, when no other is left to compare it with."""
 

@@ -139,6 +139,10 @@ class LMState:
     def clone(self) -> "LMState":
         return LMState(map_layers(self.layers, lambda t, _: t.clone()), self.seqlen.clone(), self.max_seqlen)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the state holds (``seqlen`` first): what a step may advance."""
+        return [self.seqlen] + [t for layer in self.layers for t in vars(layer).values()]
+
     def select(self, index: torch.Tensor) -> "LMState":
         """A new state made of the rows ``index`` (rows may repeat, e.g. to fan out a beam)."""
         return LMState(map_layers(self.layers, lambda t, dim: t.index_select(dim, index)),

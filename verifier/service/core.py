@@ -20,7 +20,7 @@ from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Engine, Request
-from stree.verifier.decode.loop import _device_path
+from stree.verifier.decode.loop import device_offer
 from stree.verifier.service.client import StreamChunk as Event  # one streamed step, or the totals
 from stree.verifier.service.drafters import NO_DRAFTER, RemoteDrafters
 from stree.verifier.service.metrics import ServerMetrics
@@ -121,10 +121,10 @@ class ServingCore:
         if self.drafters.default == NO_DRAFTER:
             return Engine(self.model, None, ["none"], **kwargs), NO_DRAFTER
         if not isinstance(self.drafters, RemoteDrafters):
-            device = _device_path(self.drafters.get(""), lim.budget)
-            if device is not None:
-                drafter, shapes = device
-                return Engine(self.model, drafter, shapes, goodput=len(shapes) > 1, **kwargs), self.drafters.default
+            offer = device_offer(self.drafters.get(""), lim.budget)
+            if offer is not None:
+                return (Engine(self.model, offer.drafter, offer.shapes, goodput=len(offer.shapes) > 1, **kwargs),
+                        self.drafters.default)
         return Engine(self.model, "host", (), **kwargs), None
 
     # ----- checks ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from stree.proto.rpc import CHANNEL_OPTIONS, api_key_from_env, auth_metadata, ch
 from stree.proto.rpc import LoopThread, shared_loop
 from stree.proto.codec import budget_to_pb, sampling_to_pb, tree_from_pb
 from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc
-from stree.protocols.drafter import DraftBudget
+from stree.protocols.drafter import DraftBudget, HostDrafter
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 
@@ -63,7 +63,7 @@ def parse_drafter_url(url: str) -> tuple[str, str]:
     return parsed.netloc, name
 
 
-class RemoteDrafter:
+class RemoteDrafter(HostDrafter):
     """A drafter served by a DrafterService at ``address``; ``open`` starts one stream per session."""
 
     def __init__(

@@ -116,18 +116,10 @@ class Scheduler:
             waiting.extend(kept)
 
     def _fail_all(self) -> None:
-        eng = self.engine
-        for i, req in enumerate(eng.slots):
-            if req is not None and not req.done:
-                req.finish_reason = "error"
-            eng._release(i)
-        eng._sync_idle()
-        eng.waiting.clear()
-        eng.pending.clear()
+        self.engine.fail_all("the server stopped generating")
         with self._lock:
             for req, _ in self._live.values():
-                if not req.done:
-                    req.finish_reason = "error"
+                req.fail("the server stopped generating")
 
     def _reap(self) -> None:
         """Report the requests that are done and out of the engine (slot freed, session closed)."""

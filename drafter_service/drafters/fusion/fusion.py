@@ -19,6 +19,7 @@ from stree.protocols import (
     DraftBudget,
     Drafter,
     DraftMode,
+    HostDrafter,
     SamplingParams,
     TokenTree,
 )
@@ -80,7 +81,7 @@ def merge_trees(trees: Sequence[TokenTree], budget: DraftBudget, scores: Optiona
     return prune_to_budget(tokens, parents, node_scores.tolist(), budget)
 
 
-class FusionDrafter:
+class FusionDrafter(HostDrafter):
     """Runs several deterministic drafters side by side and merges their trees each step.
 
     ``scorer(context, tree) -> [N]`` per-node log-scores replaces the default agreement count.

@@ -22,20 +22,23 @@ from typing import Optional
 import torch
 
 from stree.drafter_service.drafters.gumbel import pick_children
-from stree.protocols.device_drafter import DeviceDraft
+from stree.protocols.device_drafter import DeviceDraft, DeviceDrafterBase
 from stree.protocols.sampling import RowSampling
-from stree.protocols.token_tree import DraftMode, TreeBatch, ancestor_mask
+from stree.protocols.token_tree import DraftMode, TreeBatch
+from stree.protocols.tree_layout import LayoutCache
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.model.graphed_prefill import PrefillRunner
 
 
-class DeviceTreeDrafter:
+class DeviceTreeDrafter(DeviceDrafterBase):
     """A draft model's slots and chain/static/beam drafts over them (the engine's ``DeviceDrafter``).
 
-    The slots' state is shared by every tree shape, so the engine can switch shapes step by step.
+    The slots' state is shared by every tree shape, so the engine can switch shapes step by step. It catches up:
+    plain steps may skip it, and ``catch_up`` feeds it what they decoded in one chain pass before its next draft.
     """
 
     KINDS = ("chain", "static", "beam")
+    catches_up = True
 
     def __init__(self, model, head=None, generator: Optional[torch.Generator] = None,
                  chain_steps: Optional[bool] = None, beam_steps: Optional[bool] = None):
@@ -46,7 +49,7 @@ class DeviceTreeDrafter:
         self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
         self.beam_scratch: dict = {}  # beams by steps: M -> two states of B x M rows (sequence b's beams at b*M..)
         self.acts = None
-        self._layout: dict = {}
+        self.layouts: Optional[LayoutCache] = None
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
         pure = all(b.kind == "mamba" for b in model.backbone.layers)  # a state small enough to copy per draft
         self.chain_steps = pure if chain_steps is None else chain_steps and pure
@@ -61,24 +64,26 @@ class DeviceTreeDrafter:
         self.scratch = self.model.new_state(batch_size, max_seqlen) if self.chain_steps else None
         self.beam_scratch = {}
         self.prefiller = PrefillRunner(self.model, batch_size, max_seqlen)
-        self._layout = {}
+        self.layouts = LayoutCache(batch_size, self.model.device)
 
     def park(self, idle: torch.Tensor) -> None:
         """Rewind slots that hold no sequence (``idle`` [B] bool) so they never run out of room."""
         self.state.seqlen.masked_fill_(idle, 0)
 
+    def mutable(self) -> list[torch.Tensor]:
+        """The slots' state: what a step advances."""
+        return self.state.tensors()
+
+    def warm_up_prefill(self) -> None:
+        """Capture the prefill of every (rows, width) bucket (the slots are scratch while no sequence holds one)."""
+        self.prefiller.warm_up()
+
     def _set_shape(self, shape: TreeShape) -> None:
-        """Per-shape constants (depths, node counts) as device tensors, made once."""
-        if shape not in self._layout:
-            b, n, dev = self.state.batch_size, shape.num_nodes, self.model.device
-            depth = torch.tensor(shape.depths(), device=dev).expand(b, n).contiguous()
-            parents = anc = None
-            if shape.kind != "beam":  # fixed parents: the tree attention mask (if any) is made once, too
-                parents = torch.tensor(shape.static_parents(), device=dev).expand(b, n).contiguous()
-                anc = ancestor_mask(parents) if self._attends else None
-            self._layout[shape] = (depth, torch.full((b,), n, dtype=torch.long, device=dev), parents, anc)
+        """Take ``shape``'s layout (depths, node counts, fixed parents and their ancestor mask) from the cache."""
+        layout = self.layouts.get(shape, with_ancestors=self._attends)
         self.shape = shape
-        self.depth, self.num_nodes, self.static_parents, self.anc = self._layout[shape]
+        self.depth, self.num_nodes, self.static_parents, self.anc = (layout.depth, layout.count, layout.parents,
+                                                                     layout.anc)
         self.starts = shape.level_starts()
 
     def prefill_slot(self, slot: int, context: torch.Tensor) -> None:
@@ -231,14 +236,9 @@ class DeviceTreeDrafter:
         The engine's plain steps leave the draft behind instead of stepping it token by token; before
         the next draft it catches up here, at the cost of one draft tree pass for up to L tokens.
         """
-        b, n = backlog.shape
-        if ("catch_up", n) not in self._layout:
-            chain = torch.arange(n, device=backlog.device)
-            parents = (chain - 1).expand(b, n).contiguous()
-            self._layout[("catch_up", n)] = (parents, chain.expand(b, n).contiguous(),
-                                             torch.full((b,), n, dtype=torch.long, device=backlog.device),
-                                             ancestor_mask(parents) if self._attends else None)
-        parents, path, num_nodes, anc = self._layout[("catch_up", n)]
+        n = backlog.shape[1]
+        layout = self.layouts.chain(n, with_ancestors=self._attends)
+        parents, path, num_nodes, anc = layout.parents, layout.depth, layout.count, layout.anc
         _, acts = self.model.tree_forward(TreeBatch(backlog, parents, path, num_nodes, is_chain=True), self.state,
                                           anc_mask=anc, acts_only=True)
         self.model.commit(self.state, acts, path, count, min_len=0)

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from stree.protocols.device_drafter import DeviceOffer
 from stree.protocols.drafter import ContextSession, DraftBudget
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
@@ -40,7 +41,7 @@ class MambaDrafter:
     def __init__(self, draft_model, tree: str | TreeShape = "beam:4x3", max_seqlen: int = 8192,
                  vocab_keep: Optional[torch.Tensor] = None, cuda_graphs: bool = True):
         if draft_model is None:
-            raise ValueError("the mamba drafter needs a draft model (--draft-model DIR)")
+            raise ValueError("the mamba drafter needs a draft model: pass draft_model (a model from stree.load_model)")
         self.model = draft_model
         self.auto = tree == "auto"
         if self.auto:
@@ -58,8 +59,8 @@ class MambaDrafter:
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
         return MambaDraftSession(self, prompt_ids, params)
 
-    def device_drafter(self):
-        """``(DeviceTreeDrafter, shapes)`` for the batched engine, or None for shapes it cannot lay out.
+    def device_drafter(self) -> Optional[DeviceOffer]:
+        """Its ``DeviceTreeDrafter`` and shapes for the batched engine, or None for shapes it cannot lay out.
 
         ``auto`` offers plain decoding, chains and trees; the engine picks per step by goodput.
         """
@@ -68,7 +69,7 @@ class MambaDrafter:
             return None
         if self._device is None:  # one per drafter: the engine that holds it keeps its graphs
             self._device = DeviceTreeDrafter(self.model, self.head)
-        return self._device, shapes
+        return DeviceOffer(self._device, shapes)
 
 
 class MambaDraftSession(ContextSession):

@@ -12,14 +12,14 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from stree.protocols import DraftBudget, SamplingParams, TokenTree
+from stree.protocols import DraftBudget, HostDrafter, SamplingParams, TokenTree
 
 from stree.drafter_service.drafters.retrieval.datastore import Datastore
 from stree.drafter_service.drafters.session import DrafterSession
 from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(HostDrafter):
     """Deterministic, model-free drafter over a suffix-array ``Datastore``."""
 
     name = "retrieval"

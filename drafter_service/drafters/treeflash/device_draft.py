@@ -15,17 +15,19 @@ from typing import Optional
 import torch
 
 from stree.drafter_service.drafters.gumbel import pick_children
-from stree.protocols.device_drafter import DeviceDraft, prefill_each
+from stree.protocols.device_drafter import DeviceDraft, DeviceDrafterBase
 from stree.protocols.sampling import RowSampling
 from stree.protocols.token_tree import DraftMode
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.model.treeflash import TreeFlashNet
 
 
-class TreeFlashDeviceDrafter:
-    """The engine's ``DeviceDrafter`` for a ``TreeFlashNet`` over chain/static layouts up to its depth."""
+class TreeFlashDeviceDrafter(DeviceDrafterBase):
+    """The engine's ``DeviceDrafter`` for a ``TreeFlashNet`` over chain/static layouts up to its depth; it observes
+    the target's hidden state at the last accepted node, which is all it drafts from."""
 
     KINDS = ("chain", "static")
+    observes_target = True
 
     def __init__(self, net: TreeFlashNet, conditional: bool = True, generator: Optional[torch.Generator] = None):
         self.net = net
@@ -50,7 +52,8 @@ class TreeFlashDeviceDrafter:
         """Nothing to run: the engine hands the target's hidden state after ``context`` to ``observe_target``."""
         self.hidden[slot].zero_()
 
-    prefill_slots = prefill_each
+    def prefill_slots(self, slots: list[int], contexts: list) -> None:
+        self.prefill_each(slots, contexts)
 
     def observe_target(self, hidden: torch.Tensor, slot: Optional[int] = None) -> None:
         """The target's final-norm hidden state at the last accepted node: ``[B, d]``, or ``[d]`` for one ``slot``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from stree.protocols.device_drafter import DeviceOffer
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.tree_shape import TreeShape
 from stree.drafter_service.drafters.treeflash.device_draft import TreeFlashDeviceDrafter
@@ -42,9 +43,9 @@ class TreeFlashDrafter:
     def vocab_size(self) -> int:
         return self.net.vocab_size
 
-    def device_drafter(self):
-        """``(DeviceDrafter, shapes)`` for the engine."""
-        return self._device, [self.shape]
+    def device_drafter(self) -> DeviceOffer:
+        """Its device drafter over its one tree shape."""
+        return DeviceOffer(self._device, [self.shape])
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams):
         raise ValueError("treeflash reads the target's hidden states, so it drafts only inside the engine "

@@ -3,7 +3,7 @@
 Installed as a separate package, it reaches stree only through the ``stree.drafters`` entry point.
 """
 
-from stree.protocols import ContextSession, DraftBudget, TokenTree
+from stree.protocols import ContextSession, DraftBudget, HostDrafter, TokenTree
 
 
 class EchoSession(ContextSession):
@@ -16,7 +16,7 @@ class EchoSession(ContextSession):
         return TokenTree.chain([self.context[-1]] * (n + 1))
 
 
-class EchoDrafter:
+class EchoDrafter(HostDrafter):
     name = "echo"
 
     def __init__(self, length=4):
