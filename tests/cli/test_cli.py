@@ -82,7 +82,7 @@ def test_generate_text_prompt_and_samples(cli_models, capsys):
         (["--prompt-ids", "1", "--temperature", "-1"], "temperature must be >= 0"),
         (["--prompt-ids", "1", "--top-p", "0"], "top_p must be in"),
         (["--prompt-ids", "1", "--drafter", "mamba", "--tree", "beam:0x3"], "bad numbers"),
-        (["--prompt-ids", "1,999"], "prompt token ids must be in"),
+        (["--prompt-ids", "1,999"], "prompt token id 999 is outside the vocabulary"),
         (["--prompt-ids", "1", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     ],
 )

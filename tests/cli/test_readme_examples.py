@@ -4,6 +4,7 @@ on loopback. Only the ports change, to free ones."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -12,6 +13,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import grpc
 
 from service_helpers import wait_until
 
@@ -83,7 +86,7 @@ def test_the_readme_client_examples_run_against_the_readme_serve_command(tmp_pat
             assert server.poll() is None, f"stree serve exited:\n{log.read_text()[-3000:]}"
             try:
                 return client.health() == "SERVING"
-            except Exception:  # not listening yet
+            except grpc.RpcError:  # not listening yet
                 return False
 
         assert wait_until(serving, 300), f"stree serve did not start:\n{log.read_text()[-3000:]}"
@@ -98,14 +101,18 @@ def test_the_readme_client_examples_run_against_the_readme_serve_command(tmp_pat
         curls = [b for b in code_blocks("bash") if b.startswith("curl ")]
         assert len(curls) == 1
         if shutil.which("curl"):
-            proc = subprocess.run(["bash", "-c", with_ports(curls[0], grpc_port, http_port).replace(
-                "localhost:", "127.0.0.1:")], capture_output=True, text=True, timeout=300)
+            proc = subprocess.run(["bash", "-c", with_ports(curls[0], grpc_port, http_port)], capture_output=True,
+                                  text=True, timeout=300)
             assert proc.returncode == 0 and '"choices"' in proc.stdout, proc.stdout + proc.stderr
     finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
-    assert server.returncode is not None
+        stop(server)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server drains and exits), SIGKILL if it is still there after a minute."""
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(60)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
