@@ -4,7 +4,6 @@ for a checkpoint, both on one continuously batched engine; drafting in-process o
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_server(args):
     """A ``GenerationServer`` from parsed arguments (loads the model; does not start it)."""
+    from stree.proto.rpc import api_key_from_env
     from stree.verifier.model.checkpoint import load_draft_model, load_model
     from stree.verifier.model.treeflash import TreeFlashNet
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
@@ -62,7 +62,7 @@ def build_server(args):
         model, tokenizer, drafters, port=args.port, bind=args.host, limits=limits,
         model_name=args.served_model_name or Path(args.model_dir).name, eos_id=settings.eos_token_ids,
         metrics_port=args.metrics_port, tls=tls, http_port=args.http_port, model_dir=args.model_dir,
-        api_key=args.api_key or os.environ.get("STREE_API_KEY"),
+        api_key=api_key_from_env(args.api_key),
     )
 
 
