@@ -26,7 +26,7 @@ BASE_FIELDS = frozenset({
 # name (read by ``checkpoint.config_dtype``), remote-code maps, and transformers 4.x's saved generation defaults.
 _COMMON_KEYS = frozenset({
     "model_type", "_name_or_path", "name_or_path", "output_attentions", "torch_dtype", "_commit_hash",
-    "attn_implementation", "experts_implementation", "auto_map", "use_return_dict", "torchscript",
+    "attn_implementation", "experts_implementation", "_attn_implementation_autoset", "auto_map", "use_return_dict", "torchscript",
     "use_bfloat16", "pruned_heads", "tie_encoder_decoder", "is_decoder", "add_cross_attention",
     "cross_attention_hidden_size", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params",
     "tf_legacy_loss", "sep_token_id", "decoder_start_token_id", "max_length", "min_length", "do_sample",
