@@ -29,7 +29,7 @@ def save_tiny(hf_model, out_dir, shard: str | None = None):
 
 def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return hf_model(torch.tensor([ids])).logits[0].float()
+        return hf_model(torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
 def check_scores(model, hf_model, vocab: int, prefix_len: int = 7, atol: float = 1e-4) -> None:
@@ -55,87 +55,97 @@ def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
 # ----- tiny random models of each supported family (transformers' own classes) -----------------------
 V = 64
 
+# family -> (transformers class prefix, config kwargs of its tiny model, parameter-name words drawn at random)
+TINY = {
+    "mamba2": ("Mamba2", dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, head_dim=8,
+                              num_heads=8, n_groups=2, chunk_size=16, tie_word_embeddings=False,
+                              layer_norm_epsilon=1e-2), ()),
+    "bamba": ("Bamba", dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4,
+                            mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=16, rms_norm_eps=1e-2), ()),
+    "nemotron_h": ("NemotronH", dict(
+        vocab_size=V, hidden_size=32, layers_block_type=["mamba", "moe", "attention", "mlp"], num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=48, mamba_num_heads=8, mamba_head_dim=8,
+        ssm_state_size=8, n_groups=2, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        moe_shared_expert_intermediate_size=20, chunk_size=16, layer_norm_epsilon=1e-2, time_step_min=0.05,
+        routed_scaling_factor=1.5), ("experts", "gate")),
+    "granitemoehybrid": ("GraniteMoeHybrid", dict(
+        vocab_size=V, hidden_size=32, intermediate_size=24, shared_intermediate_size=20, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=4,
+        mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2,
+        position_embedding_type="rope", embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+        logits_scaling=2.5, rms_norm_eps=1e-2), ("experts", "router")),
+    # Mamba SSM width 1.5x hidden, grouped gated norm and every muP multiplier away from 1
+    "falcon_h1": ("FalconH1", dict(
+        vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_state=8, mamba_n_groups=2,
+        mamba_chunk_size=16, mamba_rms_norm=True, rms_norm_eps=1e-2, embedding_multiplier=2.0, lm_head_multiplier=0.5,
+        mlp_multipliers=[0.7, 1.3], key_multiplier=1.5, attention_in_multiplier=0.8, attention_out_multiplier=1.2,
+        ssm_multipliers=[0.9, 1.1, 0.6, 1.4, 0.5], ssm_in_multiplier=1.3, ssm_out_multiplier=0.7), ()),
+    # two shared blocks used in turn by three hybrid layers (the third reuses the first block's weights), q/k/v
+    # and MLP LoRA adapters, RoPE, and random (non-zero) adapter weights
+    "zamba2": ("Zamba2", dict(
+        vocab_size=V, hidden_size=32, intermediate_size=48, layers_block_type=["mamba", "hybrid", "mamba", "hybrid",
+                                                                               "hybrid"],
+        num_attention_heads=4, n_mamba_heads=4, mamba_d_state=8, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2,
+        use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True, rms_norm_eps=1e-2,
+        time_step_min=0.01), ("adapter_list",)),
+    # the Llama half of a MambaInLlama checkpoint (with every layer attention: a plain LlamaForCausalLM)
+    "llama": ("Llama", dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-2, tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), ()),
+}
 
-def _build(prefix: str, kw: dict, routing: tuple[str, ...] = ()):
-    """``{prefix}ForCausalLM`` from ``{prefix}Config(**kw)``, seeded, with perturbed norms and random routing weights."""
+
+def tiny_kwargs(family: str, **over) -> dict:
+    """The config kwargs of ``family``'s tiny model with ``over`` applied (Zamba2's layer count follows its layer
+    list unless given)."""
+    kw = {**TINY[family][1], **over}
+    if family == "zamba2" and "num_hidden_layers" not in over:
+        kw["num_hidden_layers"] = len(kw["layers_block_type"])
+    return kw
+
+
+def build_tiny(family: str, random_biases: bool = False, **over):
+    """``family``'s tiny ``{prefix}ForCausalLM``: seeded, norms / D / dt perturbed, routing (and with
+    ``random_biases`` every bias) drawn at random."""
+    prefix, _, routing = TINY[family]
     torch.manual_seed(0)
-    hf = getattr(_tf(), f"{prefix}ForCausalLM")(getattr(_tf(), f"{prefix}Config")(**kw)).eval()
+    hf = getattr(_tf(), f"{prefix}ForCausalLM")(getattr(_tf(), f"{prefix}Config")(**tiny_kwargs(family, **over))).eval()
     perturb_(hf)
     with torch.no_grad():
         for name, p in hf.named_parameters():
-            if any(word in name for word in routing):
+            if any(word in name for word in routing) or (random_biases and name.endswith(".bias")):
                 p.normal_(0, 0.2)
+        if family == "nemotron_h":
+            for layer in hf.model.layers:
+                if layer.block_type == "moe":
+                    layer.mixer.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
     return hf
-
-
-def _bamba(**over):
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_state=8,
-              mamba_n_groups=2, mamba_chunk_size=16, rms_norm_eps=1e-2)
-    return _build("Bamba", {**kw, **over})
-
-
-def _nemotron_h(**over):
-    kw = dict(vocab_size=V, hidden_size=32, layers_block_type=["mamba", "moe", "attention", "mlp"],
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48, mamba_num_heads=8,
-              mamba_head_dim=8, ssm_state_size=8, n_groups=2, n_routed_experts=4, num_experts_per_tok=2,
-              moe_intermediate_size=24, moe_shared_expert_intermediate_size=20, chunk_size=16,
-              layer_norm_epsilon=1e-2, time_step_min=0.05, routed_scaling_factor=1.5)
-    hf = _build("NemotronH", {**kw, **over}, routing=("experts", "gate"))
-    with torch.no_grad():
-        for layer in hf.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
-    return hf
-
-
-def _granite(**over):
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=24, shared_intermediate_size=20, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=2, layer_types=["mamba", "attention", "mamba"],
-              mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=16, num_local_experts=4,
-              num_experts_per_tok=2, position_embedding_type="rope", embedding_multiplier=3.0,
-              residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5, rms_norm_eps=1e-2)
-    return _build("GraniteMoeHybrid", {**kw, **over}, routing=("experts", "router"))
-
-
-def _falcon_h1(**over):
-    """Mamba SSM width 1.5x hidden, grouped gated norm and every muP multiplier away from 1."""
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_state=8, mamba_n_groups=2,
-              mamba_chunk_size=16, mamba_rms_norm=True, rms_norm_eps=1e-2, embedding_multiplier=2.0,
-              lm_head_multiplier=0.5, mlp_multipliers=[0.7, 1.3], key_multiplier=1.5, attention_in_multiplier=0.8,
-              attention_out_multiplier=1.2, ssm_multipliers=[0.9, 1.1, 0.6, 1.4, 0.5], ssm_in_multiplier=1.3,
-              ssm_out_multiplier=0.7)
-    return _build("FalconH1", {**kw, **over})
-
-
-def _zamba2(**over):
-    """Two shared blocks used in turn by three hybrid layers (the third reuses the first block's weights),
-    q/k/v and MLP LoRA adapters, RoPE, and random (non-zero) adapter weights."""
-    kw = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
-              layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"], num_attention_heads=4,
-              n_mamba_heads=4, mamba_d_state=8, mamba_ngroups=2, chunk_size=16, num_mem_blocks=2,
-              use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True, rms_norm_eps=1e-2,
-              time_step_min=0.01)
-    kw.update(over)
-    kw["num_hidden_layers"] = len(kw["layers_block_type"])
-    return _build("Zamba2", kw, routing=("adapter_list",))
 
 
 def mamba2_tiny(**over):
     """transformers' plain Mamba2ForCausalLM (two layers, grouped B/C)."""
-    kw = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, head_dim=8, num_heads=8,
-              n_groups=2, chunk_size=16, tie_word_embeddings=False, layer_norm_epsilon=1e-2)
-    return _build("Mamba2", {**kw, **over})
+    return build_tiny("mamba2", **over)
 
 
-BUILDERS = {"bamba": _bamba, "nemotron_h": _nemotron_h, "granitemoehybrid": _granite, "falcon_h1": _falcon_h1,
-            "zamba2": _zamba2}
+BUILDERS = {name: (lambda name: lambda **over: build_tiny(name, **over))(name)
+            for name in ("bamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2")}
 DRAFTS = {"bamba": dict(num_hidden_layers=1, attn_layer_indices=[]), "nemotron_h": dict(layers_block_type=["mamba"]),
           "granitemoehybrid": dict(num_hidden_layers=1, layer_types=["mamba"]), "falcon_h1": dict(num_hidden_layers=1),
           "zamba2": dict(layers_block_type=["mamba", "hybrid"], num_mem_blocks=1)}
 
 
+def write_llama_as_mambainllama(hf, out):
+    """A LlamaForCausalLM saved as a MambaInLlama checkpoint whose every layer is attention (``mamba_config.json``
+    lists them all), so transformers' own Llama forward is its reference."""
+    save_tiny(hf, out)
+    c = hf.config
+    mcfg = {"d_model": c.hidden_size, "ssm_cfg": {"d_state": 8, "ngroups": 4}, "d_inner": 32, "d_xb": 16,
+            "intermediate_size": c.intermediate_size, "n_layer": c.num_hidden_layers, "rms_norm_eps": c.rms_norm_eps,
+            "vocab_size": c.vocab_size, "attn_layers": list(range(c.num_hidden_layers))}
+    (out / "mamba_config.json").write_text(json.dumps(mcfg))
+    return out
 
 
 def _tf():
@@ -202,5 +212,3 @@ def write_mambainllama(out, cfg, mcfg, sd):
     save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))
     return out
 
-
-# ----- reference forward (float64, sequential scan) ------------------------------------------------------

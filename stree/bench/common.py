@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from stree.verifier.model.hub import model_folder_arg
+
 DEMO_TARGET = "checkpoints/demo-target"
 DEMO_DRAFT = "checkpoints/demo-draft"
 
@@ -72,8 +74,8 @@ def report(record: dict, out: str | None, header: str, line) -> int:
 
 def add_pair_args(p) -> None:
     """``--target`` and ``--draft``: checkpoint folders, the trained demo pair by default."""
-    p.add_argument("--target", default=DEMO_TARGET)
-    p.add_argument("--draft", default=DEMO_DRAFT)
+    p.add_argument("--target", default=DEMO_TARGET, type=model_folder_arg, help="folder or Hub id")
+    p.add_argument("--draft", default=DEMO_DRAFT, type=model_folder_arg, help="folder or Hub id")
 
 
 def tee(path: str):

@@ -21,6 +21,7 @@ from stree.protocols.registry import create_drafter
 from stree.protocols.sampling import SamplingParams
 from stree.verifier.model.checkpoint import random_init_
 from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.hub import model_folder_arg
 from stree.verifier.model.lm import StreeLM
 
 MAMBA2_130M = dict(d_model=768, n_layer=24, vocab_size=50280,
@@ -87,7 +88,8 @@ def run(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("drafters", help="draft time per step for each drafter and tree shape")
-    p.add_argument("--draft-model", default=None, help="checkpoint dir (default: Mamba2-130M shape, random)")
+    p.add_argument("--draft-model", default=None, type=model_folder_arg,
+                   help="checkpoint folder or Hub id (default: Mamba2-130M shape, random)")
     add_device_args(p, "bfloat16")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--context-len", type=int, default=512)

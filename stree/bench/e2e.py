@@ -21,6 +21,7 @@ from tqdm import tqdm
 from stree.protocols.registry import create_drafter
 
 from stree.verifier.model.checkpoint import load_model
+from stree.verifier.model.hub import model_folder_arg
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate, warm_up_engines
 from stree.bench.common import (DEMO_DRAFT, DEMO_TARGET, add_device_args, device_and_dtype, record_meta,
@@ -273,8 +274,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("e2e", help="tokens/s of every decoding method on HumanEval, MT-Bench, GSM8K, Spec-Bench")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target checkpoint dir (default: the trained demo target)")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model checkpoint dir")
+    p.add_argument("--target", default=DEFAULT_TARGET, type=model_folder_arg,
+                   help="target checkpoint folder or Hub id (default: the trained demo target)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, type=model_folder_arg,
+                   help="draft model checkpoint folder or Hub id")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated, from {', '.join(METHODS)} (default: all; TreeFlash's if --treeflash exists)")
     p.add_argument("--treeflash", default=DEFAULT_TREEFLASH, help="TreeFlash checkpoint dir (stree train --drafter treeflash)")

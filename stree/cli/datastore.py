@@ -16,6 +16,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from stree.drafter_service.drafters.retrieval.datastore import Datastore
+from stree.verifier.model.hub import model_folder_arg
 
 DIRECTORY_SUFFIXES = (".py", ".md", ".txt")
 JSONL_FIELDS = ("turns", "question", "answer")
@@ -145,8 +146,8 @@ def add_parser(subparsers) -> None:
 
     build = actions.add_parser("build", help="tokenize a corpus and index it with a suffix array")
     build.add_argument("corpus", help="a text file, a .jsonl file, or a directory of .py/.md/.txt files")
-    build.add_argument("--tokenizer", required=True, metavar="MODEL_DIR",
-                       help="model directory holding tokenizer.json (or the tokenizer.json file)")
+    build.add_argument("--tokenizer", required=True, metavar="MODEL_DIR", type=model_folder_arg,
+                       help="model directory (or Hub id) holding tokenizer.json, or the tokenizer.json file")
     build.add_argument("--out", required=True, metavar="DS", help="datastore directory to write")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=build_command)

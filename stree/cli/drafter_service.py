@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 
+from stree.verifier.model.hub import model_folder_arg
+
 
 def parse_options(items: list[str]) -> dict[str, dict]:
     """``KEY=VALUE`` (every drafter) or ``NAME.KEY=VALUE`` (drafter NAME); values parse as JSON when they can."""
@@ -62,7 +64,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ray-num-cpus", type=int, default=2, help="CPUs of a 'local' Ray instance")
     p.add_argument("--drafters", default="",
                    help="comma-separated drafters to start up front (others start on first use)")
-    p.add_argument("--draft-model", default=None, help="checkpoint dir for model drafters (mamba, chain, static-tree)")
+    p.add_argument("--draft-model", default=None, type=model_folder_arg,
+                   help="checkpoint folder or Hub id for model drafters (mamba, chain, static-tree)")
     p.add_argument("--option", action="append", default=[], metavar="[NAME.]KEY=VALUE",
                    help="drafter option, e.g. chain.num_speculative_tokens=6 (repeatable)")
     p.add_argument("--replicas", type=int, default=2, help="Ray actor replicas per drafter")

@@ -15,6 +15,7 @@ from stree.verifier.model.lm import SSM_CACHE_DTYPES
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.generation_settings import load_generation_settings
+from stree.verifier.model.hub import model_folder_arg
 from stree.verifier.model.treeflash import TreeFlashNet
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -117,9 +118,11 @@ def run(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate with speculative tree decoding",
                        description=f"Tree specs (--tree): {SHAPE_HELP}")
-    p.add_argument("model_dir", metavar="MODEL_DIR")
-    p.add_argument("--draft-model", metavar="DIR",
-                   help="draft model checkpoint for model drafters, or a TreeFlash checkpoint (drafter treeflash)")
+    p.add_argument("model_dir", metavar="MODEL_DIR", type=model_folder_arg,
+                   help="checkpoint folder or Hugging Face Hub id (ORG/NAME)")
+    p.add_argument("--draft-model", metavar="DIR", type=model_folder_arg,
+                   help="draft model checkpoint (folder or Hub id) for model drafters, or a TreeFlash checkpoint "
+                        "(drafter treeflash)")
     p.add_argument("--drafter", metavar="NAME",
                    help="none | chain | static-tree | mamba | ngram | retrieval | fusion:A+B | treeflash | "
                         "treeflash-marginal | a plugin name (default: static-tree with --draft-model, treeflash "
@@ -140,7 +143,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-depth", type=int, default=None, help="draft budget: tree depth")
     p.add_argument("--max-width", type=int, default=None, help="draft budget: children per node")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end tokens")
-    p.add_argument("--tokenizer", metavar="DIR", default=None,
+    p.add_argument("--tokenizer", metavar="DIR", default=None, type=model_folder_arg,
                    help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")

@@ -25,6 +25,8 @@ def parse_layer_list(text: str, flag: str = "--attn-layers") -> list[int]:
 
 
 def run(args) -> int:
+    if args.arch == "mamba2" and args.attn_layers:
+        raise ValueError("--attn-layers needs --arch hybrid (a mamba2 model has no attention layers)")
     out = init_model(
         args.out_dir, arch=args.arch, attn_layers=parse_layer_list(args.attn_layers) if args.attn_layers else None,
         fmt=args.format, **{name: getattr(args, name) for name in _INT_KEYWORDS},

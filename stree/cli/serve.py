@@ -13,6 +13,7 @@ from stree.protocols.drafter import DraftBudget
 
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
+from stree.verifier.model.hub import ModelFolder, model_folder_arg
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,10 +61,18 @@ def build_server(args):
     tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
     return GenerationServer(
         model, tokenizer, drafters, port=args.port, bind=args.host, limits=limits,
-        model_name=args.served_model_name or Path(args.model_dir).name, eos_id=settings.eos_token_ids,
+        model_name=_served_name(args), eos_id=settings.eos_token_ids,
         metrics_port=args.metrics_port, tls=tls, http_port=args.http_port, model_dir=args.model_dir,
         api_key=api_key_from_env(args.api_key),
     )
+
+
+def _served_name(args) -> str:
+    """``--served-model-name``, else the Hub id MODEL_DIR came from, else its folder name."""
+    if args.served_model_name:
+        return args.served_model_name
+    folder = args.model_dir
+    return folder.display_name if isinstance(folder, ModelFolder) else Path(folder).name
 
 
 def run(args) -> int:
@@ -85,22 +94,25 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over gRPC and an OpenAI-compatible HTTP API",
                        description="Serve MODEL_DIR over the stree.v1.GenerationService gRPC API and, with "
                                    "--http-port, an OpenAI-compatible HTTP API, on one continuously batched engine.")
-    p.add_argument("model_dir", metavar="MODEL_DIR")
-    p.add_argument("--tokenizer", metavar="DIR", default=None,
+    p.add_argument("model_dir", metavar="MODEL_DIR", type=model_folder_arg,
+                   help="checkpoint folder or Hugging Face Hub id (ORG/NAME)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None, type=model_folder_arg,
                    help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     p.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP port (off unless given)")
     p.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
                    help="interface to listen on; 0.0.0.0 exposes the server to the network")
     p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default=None,
-                   help="model id of the HTTP API and metrics label (default: MODEL_DIR's folder name)")
+                   help="model id of the HTTP API and metrics label (default: the Hub id, or MODEL_DIR's folder name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or STREE_API_KEY)")
     p.add_argument("--tls-cert", default=None, metavar="PEM", help="gRPC TLS certificate chain")
     p.add_argument("--tls-key", default=None, metavar="PEM", help="gRPC TLS private key")
     p.add_argument("--drafter", metavar="NAME|grpc://HOST:PORT/NAME",
                    help="default drafter: an in-process plugin name, 'none', or a DrafterService URL "
                         "(default: mamba with --draft-model, treeflash with a TreeFlash checkpoint, else ngram)")
-    p.add_argument("--draft-model", metavar="DIR", help="draft model checkpoint for in-process model drafters (or a TreeFlash checkpoint)")
+    p.add_argument("--draft-model", metavar="DIR", type=model_folder_arg,
+                   help="draft model checkpoint (folder or Hub id) for in-process model drafters (or a TreeFlash "
+                        "checkpoint)")
     p.add_argument("--option", action="append", default=[], metavar="[NAME.]KEY=VALUE",
                    help="in-process drafter option, e.g. tree=beam:4x3 (repeatable)")
     p.add_argument("--deadline-ms", type=float, default=50.0,

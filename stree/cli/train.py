@@ -14,6 +14,7 @@ from stree.cli.init_model import parse_layer_list
 from stree.training.corpus import DEFAULT_PACKAGES, build_corpus
 from stree.training.train import LOG_FILE, PLOT_FILE, Shape, TrainConfig, plot_losses, train_pair
 from stree.training.treeflash import TREEFLASH_DIR, TreeFlashTrainConfig, train_treeflash
+from stree.verifier.model.hub import model_folder_arg
 from stree.verifier.model.treeflash import DEFAULT_D_MODEL, DEFAULT_DEPTH, DEFAULT_N_LAYER
 
 
@@ -104,7 +105,8 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter", choices=["pair", "treeflash"], default="pair",
                    help="pair: train the target and distil the Mamba2 drafter; treeflash: distil a TreeFlash "
                         "drafter from the trained target (--target) into OUT/demo-treeflash")
-    p.add_argument("--target", default=None, help="treeflash: the trained target (default OUT/demo-target)")
+    p.add_argument("--target", default=None, type=model_folder_arg,
+                   help="treeflash: the trained target, a folder or Hub id (default OUT/demo-target)")
     p.add_argument("--treeflash-d-model", type=int, default=DEFAULT_D_MODEL)
     p.add_argument("--treeflash-depth", type=int, default=DEFAULT_DEPTH, help="treeflash: depths drafted in one pass")
     p.add_argument("--treeflash-layers", type=int, default=DEFAULT_N_LAYER)

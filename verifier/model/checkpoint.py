@@ -1,7 +1,9 @@
-"""Checkpoint files: load mamba_ssm-format and Hugging Face Mamba2 checkpoints, save, and write random ones.
+"""Checkpoint files: load mamba_ssm-format and Hugging Face checkpoints (a folder or a Hub id), save, and write
+random ones.
 
-Loading needs neither mamba_ssm nor a GPU. A corrupt or mismatched checkpoint raises an error that
-names the file and the problem.
+Loading needs neither mamba_ssm nor a GPU. A corrupt or mismatched checkpoint raises an error that names the file
+and the problem; every tensor the checkpoint holds is loaded, proven equal to one that is (a tied output layer),
+or named in a warning or an error.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +19,9 @@ import torch
 
 from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.hf import mambainllama
+from stree.verifier.model.hf.fields import CheckpointWarning
 from stree.verifier.model.hf.registry import resolve
+from stree.verifier.model.hub import resolve_model_dir
 from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import TOKENIZER_FILE, load_tokenizer, make_tokenizer
 from stree.verifier.model.treeflash import TreeFlashNet, is_treeflash_checkpoint, load_treeflash
@@ -108,22 +113,27 @@ def config_dtype(data: dict) -> torch.dtype:
     return dtypes[name]
 
 
-def load_draft_model(path: str | os.PathLike, device="cpu",
-                     dtype: torch.dtype | None = None) -> "StreeLM | TreeFlashNet":
-    """A ``--draft-model`` folder: a TreeFlash drafter's checkpoint, or any checkpoint ``load_model`` reads."""
-    if is_treeflash_checkpoint(path):
-        return load_treeflash(path, device=device, dtype=dtype or torch.float32)
-    return load_model(path, device=device, dtype=dtype)
+def load_draft_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None,
+                     revision: str | None = None, local_files_only: bool = False) -> "StreeLM | TreeFlashNet":
+    """A draft model: a TreeFlash drafter's checkpoint, or any checkpoint ``load_model`` reads (folder or Hub id)."""
+    model_dir = resolve_model_dir(path, revision, local_files_only)
+    if is_treeflash_checkpoint(model_dir):
+        return load_treeflash(model_dir, device=device, dtype=dtype or torch.float32)
+    return load_model(model_dir, device=device, dtype=dtype)
 
 
-def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None) -> StreeLM:
-    """Load a checkpoint directory (mamba_ssm format or a supported HF class) as a ``StreeLM``.
+def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None,
+               revision: str | None = None, local_files_only: bool = False) -> StreeLM:
+    """Load a checkpoint (mamba_ssm format or a supported HF class) as a ``StreeLM``.
 
-    ``dtype`` None keeps the checkpoint's ``torch_dtype`` (float32 when it names none).
+    ``path`` is a folder, or a Hugging Face Hub id (``"state-spaces/mamba2-2.7b"``) fetched as transformers
+    fetches one: downloaded into the Hugging Face cache (``revision``: a branch, tag or commit), or read from that
+    cache offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``). ``dtype`` None keeps the checkpoint's
+    ``torch_dtype`` (float32 when it names none).
     """
-    model_dir = Path(path)
+    model_dir = resolve_model_dir(path, revision, local_files_only)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: checkpoint directory does not exist")
+        raise FileNotFoundError(f"{model_dir}: not a checkpoint directory")
     config, renamer, data = _read_config(model_dir)
     if dtype is None:
         try:
@@ -131,12 +141,16 @@ def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None 
         except ValueError as exc:
             raise ValueError(f"{model_dir / CONFIG_FILE}: {exc}") from exc
     sd, wfile = _read_weights(model_dir)
-    sd = renamer(sd)
+    try:
+        sd = renamer(sd)
+    except ValueError as exc:
+        raise ValueError(f"{wfile}: {exc}") from exc
+    if config.tie_embeddings:
+        _tie_or_untie(sd, config, wfile)
     with torch.device("meta"):
         model = StreeLM(config)
     expected = model.state_dict()
     if config.tie_embeddings:
-        sd.pop("lm_head.weight", None)
         expected.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
@@ -165,6 +179,21 @@ def load_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None 
     model.source_dir = str(model_dir)
     model.tokenizer = load_tokenizer(model_dir)
     return model
+
+
+def _tie_or_untie(sd: dict, config: ModelConfig, wfile: Path) -> None:
+    """A tied model whose checkpoint also holds ``lm_head.weight``: equal to the embedding, it is dropped (the
+    tie reads the same tensor); different, the head is loaded untied, with a warning, as transformers does."""
+    head, emb = sd.get("lm_head.weight"), sd.get("backbone.embedding.weight")
+    if head is None:
+        return
+    if emb is not None and head.shape == emb.shape and torch.equal(head, emb):
+        del sd["lm_head.weight"]
+        return
+    config.tie_embeddings = False
+    warnings.warn(f"{wfile}: the config ties the output layer to the embedding, but lm_head.weight differs from "
+                  "it; loaded untied, with the saved lm_head.weight, as transformers does", CheckpointWarning,
+                  stacklevel=3)
 
 
 def save_model(model: StreeLM, out_dir: str | os.PathLike, tokenizer=None, fmt: str = "safetensors") -> Path:
@@ -242,7 +271,7 @@ def init_model(
     if arch not in ("mamba2", "hybrid"):
         raise ValueError(f"arch must be 'mamba2' or 'hybrid', got {arch!r}")
     if arch == "mamba2" and attn_layers:
-        raise ValueError("arch 'mamba2' has no attention layers; use --arch hybrid with --attn-layers")
+        raise ValueError("arch='mamba2' has no attention layers; pass arch='hybrid' with attn_layers")
     if arch == "hybrid":
         attn_layers = list(attn_layers) if attn_layers else [n_layer // 2]
     heads = num_heads or max(1, d_model // 16)

@@ -1,4 +1,4 @@
-"""Model configuration in mamba_ssm's own ``config.json`` format, plus the Hugging Face Mamba2 mapping.
+"""Model configuration in mamba_ssm's own ``config.json`` format (the Hugging Face classes map onto it in ``hf/``).
 
 mamba_ssm's ``MambaConfig`` fields are kept by name (``d_model``, ``n_layer``, ``ssm_cfg``,
 ``attn_layer_idx``, ``attn_cfg``, ...), so a checkpoint written here loads in mamba_ssm and back.
@@ -57,13 +57,6 @@ def _json_float(value) -> float:
     return float(value)
 
 
-def require_silu(data: dict, key: str) -> None:
-    """Refuse a Hugging Face activation other than SiLU (the conv and gate activation implemented here)."""
-    act = data.get(key, "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"config: {key}={act!r} is not supported (only 'silu')")
-
-
 @dataclass
 class ModelConfig:
     """mamba_ssm ``MambaConfig`` (Mamba2 mixers, optional attention layers and gated MLPs)."""
@@ -82,13 +75,14 @@ class ModelConfig:
     tie_embeddings: bool = True
     norm_epsilon: float = 1e-5
     mlp_multiple: int = 128
+    mlp_bias: bool = False  # biases on the gated MLP's projections (transformers' ``mlp_bias``)
     layer_mixers: dict = field(default_factory=dict)  # layer index -> per-token mixer spec (token_mixers.py)
     moe_mlp: dict = field(default_factory=dict)  # non-empty: every block's MLP is a SoftmaxMoEMLP of this spec
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0  # scales each mixer / MLP output before the residual add
     logits_scaling: float = 1.0  # logits are divided by this
     parallel_mamba: bool = False  # every attention layer also runs a Mamba2 mixer on its input; outputs summed
-    # Zamba2 hybrid layers: attention over [hidden; embeddings] + an MLP (hybrid_mlp: {"hidden", "act"}),
+    # Zamba2 hybrid layers: attention over [hidden; embeddings] + an MLP (hybrid_mlp: {"hidden", "act", "bias"}),
     # projected and added to the input of the layer's Mamba2 mixer (shared_block_mixer.py)
     hybrid_layer_idx: list = field(default_factory=list)
     hybrid_mlp: dict = field(default_factory=dict)
@@ -200,53 +194,11 @@ class ModelConfig:
     def from_dict(cls, data: dict) -> "ModelConfig":
         if not isinstance(data, dict):
             raise ValueError("config: expected a JSON object")
-        if "d_model" not in data and "hidden_size" in data:
-            return cls.from_hf_dict(data)
         known = {f for f in cls.__dataclass_fields__}
         missing = [k for k in ("d_model", "n_layer", "vocab_size") if k not in data]
         if missing:
             raise ValueError(f"config: missing required keys {missing}")
         return cls(**{k: v for k, v in data.items() if k in known})
-
-    @classmethod
-    def from_hf_dict(cls, data: dict) -> "ModelConfig":
-        """Map a transformers ``Mamba2Config`` dict onto mamba_ssm's fields."""
-        model_type = data.get("model_type", "mamba2")
-        if model_type != "mamba2":
-            raise ValueError(f"config: Hugging Face model_type {model_type!r} is not supported (only 'mamba2')")
-        require_silu(data, "hidden_act")
-        try:
-            d_model = int(data["hidden_size"])
-            expand = int(data.get("expand", 2))
-            head_dim = int(data.get("head_dim", 64))
-            ssm_cfg = {
-                "d_state": int(data.get("state_size", 128)),
-                "d_conv": int(data.get("conv_kernel", 4)),
-                "expand": expand,
-                "headdim": head_dim,
-                "ngroups": int(data.get("n_groups", 1)),
-                "bias": bool(data.get("use_bias", False)),
-                "conv_bias": bool(data.get("use_conv_bias", True)),
-                "dt_limit": [_json_float(x) for x in data.get("time_step_limit", [0.0, math.inf])],
-                "chunk_size": int(data.get("chunk_size", 256)),
-                "norm_eps": float(data.get("layer_norm_epsilon", 1e-5)),
-            }
-            num_heads = data.get("num_heads")
-            if num_heads is not None and int(num_heads) * head_dim != expand * d_model:
-                ssm_cfg["d_ssm"] = int(num_heads) * head_dim
-            return cls(
-                d_model=d_model,
-                n_layer=int(data["num_hidden_layers"]),
-                vocab_size=int(data["vocab_size"]),
-                ssm_cfg=ssm_cfg,
-                rms_norm=bool(data.get("rms_norm", True)),
-                residual_in_fp32=bool(data.get("residual_in_fp32", True)),
-                pad_vocab_size_multiple=1,
-                tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-                norm_epsilon=float(data.get("layer_norm_epsilon", 1e-5)),
-            )
-        except KeyError as exc:
-            raise ValueError(f"config: Hugging Face Mamba2 config is missing {exc}") from exc
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -254,7 +206,7 @@ class ModelConfig:
             out.pop("mlp_multiple")
         for key, default in (("layer_mixers", {}), ("moe_mlp", {}), ("embedding_multiplier", 1.0),
                              ("residual_multiplier", 1.0), ("logits_scaling", 1.0), ("parallel_mamba", False),
-                             ("hybrid_layer_idx", []), ("hybrid_mlp", {})):
+                             ("mlp_bias", False), ("hybrid_layer_idx", []), ("hybrid_mlp", {})):
             if out[key] == default:  # HF-family options stay out of mamba_ssm-format configs
                 out.pop(key)
         ssm = dict(out["ssm_cfg"])

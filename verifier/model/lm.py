@@ -38,10 +38,10 @@ def _norm(config: ModelConfig, dim: int) -> nn.Module:
 class GatedMLP(nn.Module):
     """mamba_ssm's GatedMLP: ``fc2(a * silu(g))`` with ``a, g = fc1(x).chunk(2)``."""
 
-    def __init__(self, d_model: int, hidden: int):
+    def __init__(self, d_model: int, hidden: int, bias: bool = False):
         super().__init__()
-        self.fc1 = Linear(d_model, 2 * hidden, bias=False)
-        self.fc2 = Linear(hidden, d_model, bias=False)
+        self.fc1 = Linear(d_model, 2 * hidden, bias=bias)
+        self.fc2 = Linear(hidden, d_model, bias=bias)
 
     def forward(self, x):
         a, g = self.fc1(x).chunk(2, dim=-1)
@@ -71,7 +71,7 @@ class Block(nn.Module):
             self.mlp = SoftmaxMoEMLP(config.d_model, config.moe_mlp)
         elif config.d_intermediate > 0:
             self.norm2 = _norm(config, config.d_model)
-            self.mlp = GatedMLP(config.d_model, config.mlp_hidden)
+            self.mlp = GatedMLP(config.d_model, config.mlp_hidden, config.mlp_bias)
         else:
             self.mlp = None
         self.residual_in_fp32 = config.residual_in_fp32

@@ -41,8 +41,9 @@ class SharedBlockMixer(nn.Module):
         self.attn_norm = nn.RMSNorm(2 * d, eps=eps)
         self.attn = Attention(config, d_in=2 * d)
         self.ff_norm = nn.RMSNorm(d, eps=eps)
-        self.gate_up_proj = Linear(d, 2 * int(spec["hidden"]), bias=False)
-        self.down_proj = Linear(int(spec["hidden"]), d, bias=False)
+        bias = bool(spec.get("bias", False))  # Zamba2's add_bias_linear
+        self.gate_up_proj = Linear(d, 2 * int(spec["hidden"]), bias=bias)
+        self.down_proj = Linear(int(spec["hidden"]), d, bias=bias)
         self.act = MLP_ACTIVATIONS[spec["act"]]
         self.linear = Linear(d, d, bias=False)
         self.mamba_norm = nn.RMSNorm(d, eps=eps)

@@ -29,10 +29,10 @@ ACTIVATIONS = {"relu2": relu2, "silu": F.silu}
 class TokenMLP(nn.Module):
     """``down(act(up(x)))`` (no gate), as NemotronH's MLP layers and shared experts."""
 
-    def __init__(self, d_model: int, hidden: int, act: str):
+    def __init__(self, d_model: int, hidden: int, act: str, bias: bool = False):
         super().__init__()
-        self.up_proj = Linear(d_model, hidden, bias=False)
-        self.down_proj = Linear(hidden, d_model, bias=False)
+        self.up_proj = Linear(d_model, hidden, bias=bias)
+        self.down_proj = Linear(hidden, d_model, bias=bias)
         self.act = ACTIVATIONS[act]
 
     def forward(self, x):
@@ -83,21 +83,29 @@ class SigmoidRouter(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus an always-on shared expert MLP."""
+    """Routed experts plus an always-on shared expert MLP; with ``latent`` the routed experts work in a
+    ``latent``-wide space between two projections (``fc1_latent_proj``, ``fc2_latent_proj``)."""
 
     def __init__(self, d_model: int, spec: dict):
         super().__init__()
-        act = spec["act"]
+        act, bias, latent = spec["act"], bool(spec.get("bias", False)), spec.get("latent")
         self.gate = SigmoidRouter(spec["n_experts"], d_model, spec["top_k"], spec.get("n_group", 1),
                                   spec.get("topk_group", 1), spec.get("norm_topk", True), spec.get("scale", 1.0))
-        self.experts = Experts(spec["n_experts"], d_model, spec["hidden"], act)
-        self.shared_experts = TokenMLP(d_model, spec["shared_hidden"], act)
+        self.experts = Experts(spec["n_experts"], latent or d_model, spec["hidden"], act)
+        self.shared_experts = TokenMLP(d_model, spec["shared_hidden"], act, bias)
+        if latent:
+            self.fc1_latent_proj = Linear(d_model, latent, bias=bias)
+            self.fc2_latent_proj = Linear(latent, d_model, bias=bias)
+        self.latent = bool(latent)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         idx, weights = self.gate(flat)
-        routed = self.experts(flat, idx, weights).reshape(x.shape)
-        return routed + self.shared_experts(x)
+        if self.latent:
+            routed = self.fc2_latent_proj(self.experts(self.fc1_latent_proj(flat), idx, weights))
+        else:
+            routed = self.experts(flat, idx, weights)
+        return routed.reshape(x.shape) + self.shared_experts(x)
 
 
 def token_mixer(d_model: int, spec: dict) -> nn.Module:
@@ -106,7 +114,7 @@ def token_mixer(d_model: int, spec: dict) -> nn.Module:
     if spec.get("act") not in ACTIVATIONS:
         raise ValueError(f"config: layer_mixers act {spec.get('act')!r} is not one of {sorted(ACTIVATIONS)}")
     if kind == "mlp":
-        return TokenMLP(d_model, int(spec["hidden"]), spec["act"])
+        return TokenMLP(d_model, int(spec["hidden"]), spec["act"], bool(spec.get("bias", False)))
     if kind == "moe":
         return MoE(d_model, spec)
     raise ValueError(f"config: layer_mixers kind {kind!r} is not 'mlp' or 'moe'")

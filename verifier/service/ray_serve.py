@@ -9,7 +9,6 @@ for ``serve run`` and the KubeRay RayService manifest (deploy/kuberay/rayservice
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 
 from ray import serve
@@ -41,6 +40,7 @@ class VerifierReplica:
         import torch
 
         from stree.verifier.model.checkpoint import load_model
+        from stree.verifier.model.hub import ModelFolder, resolve_model_dir
         from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
         from stree.verifier.service.chat_template import ChatTemplate
         from stree.verifier.service.core import ServerLimits, ServingCore
@@ -49,6 +49,7 @@ class VerifierReplica:
         from stree.verifier.service.openai_api import OpenAIApp
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model_dir = ModelFolder(resolve_model_dir(model_dir), model_dir)  # a folder or a Hugging Face Hub id
         model = load_model(model_dir, device=device)
         tokenizer = load_tokenizer(model_dir)
         lim = ServerLimits(**(limits or {}))
@@ -57,7 +58,7 @@ class VerifierReplica:
         else:
             draft = load_model(draft_model, device=device) if draft_model else None
             drafters = EmbeddedDrafters(drafter, draft_model=draft)
-        name = served_model_name or Path(model_dir).name
+        name = served_model_name or model_dir.display_name
         core = ServingCore(model, tokenizer, drafters, lim, ServerMetrics(name), eos_token_id(tokenizer))
         self.replica = f"{os.getpid()}-{serve.get_replica_context().replica_tag}"
         self.asgi = _with_replica_header(OpenAIApp(core, name, ChatTemplate.from_model_dir(model_dir)).app,

@@ -17,15 +17,27 @@ from __future__ import annotations
 
 import torch
 
-from stree.verifier.model.config import ModelConfig, _json_float, require_silu
-from stree.verifier.model.hf.common import (gqa_attn_cfg, hf_norm_fields, refuse_unless, rope_settings,
-                                             swiglu_decoder_fields)
+from stree.verifier.model.config import ModelConfig
+from stree.verifier.model.hf.common import (LLAMA_DEFAULTS, ROPE_KEYS, default_rope, gqa_attn_cfg, hf_norm_fields,
+                                            swiglu_decoder_fields)
+from stree.verifier.model.hf.fields import DECODER_IGNORED, ConfigSpec, Fields, dt_limit
 from stree.verifier.model.hf.weights import layer_indices, swiglu_decoder_weights
 
 MODEL_TYPE = "llama"
 CLASS_NAME = "LlamaForCausalLM with mamba_config.json (MambaInLlama Mamba2 hybrid)"
 MAMBA_CONFIG_FILE = "mamba_config.json"
 MAMBA_CONFIG_KEY = "__mamba_config__"  # where checkpoint.py puts the parsed mamba_config.json
+
+# the Llama side of config.json, read as transformers' LlamaConfig
+SPEC = ConfigSpec(
+    class_name="LlamaConfig",
+    defaults={**LLAMA_DEFAULTS, "pretraining_tp": 1, "mlp_bias": False, "head_dim": None},
+    ignored={**DECODER_IGNORED, "pretraining_tp": "transformers 5 computes the same projections unsplit"},
+    optional={MAMBA_CONFIG_KEY: None, **ROPE_KEYS},
+)
+# mamba_config.json's keys: the fields of their MambaConfig dataclass (which refuses any other key)
+_MAMBA_CONFIG_KEYS = {"d_model", "ssm_cfg", "rms_norm_eps", "vocab_size", "d_inner", "d_xb", "intermediate_size",
+                      "hidden_act", "n_layer", "attn_layers"}
 
 # ssm_cfg keys that change nothing at inference time (initialisation, training kernels, or replaced by d_state)
 _IGNORED = {"conv_init", "A_init_range", "dt_min", "dt_max", "dt_init_floor", "use_mem_eff_path",
@@ -44,6 +56,9 @@ def _shapes(data: dict) -> tuple[dict, int, int, int, int]:
     unknown = sorted(set(ssm) - _IGNORED - _PASSED - {"d_state", "ngroups"})
     if unknown:
         raise ValueError(f"{MAMBA_CONFIG_FILE}: ssm_cfg keys {unknown} are not supported")
+    unknown = sorted(set(mc) - _MAMBA_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{MAMBA_CONFIG_FILE}: keys {unknown} are not supported")
     d_model = int(mc.get("d_model", 2560))
     d_state = int(ssm.get("d_state", 128))
     heads = int(ssm.get("ngroups", 1))
@@ -61,36 +76,33 @@ def _shapes(data: dict) -> tuple[dict, int, int, int, int]:
     return mc, d_inner, d_xb, d_state, heads
 
 
-def config(data: dict) -> ModelConfig:
-    mc, d_inner, d_xb, d_state, heads = _shapes(data)
-    require_silu(data, "hidden_act")
-    require_silu(mc, "hidden_act")
-    refuse_unless(data, "mlp_bias", False)
-    refuse_unless(data, "pretraining_tp", 1)
-    d_model = int(data["hidden_size"])
-    n_layer = int(data["num_hidden_layers"])
-    for ours, theirs in (("d_model", d_model), ("n_layer", n_layer), ("intermediate_size", data["intermediate_size"])):
-        if ours in mc and int(mc[ours]) != int(theirs):
+def config(f: Fields) -> ModelConfig:
+    mc, d_inner, d_xb, d_state, heads = _shapes(f)
+    f.refuse_unless("hidden_act", "silu", "swish")
+    Fields(mc, MAMBA_CONFIG_FILE).refuse_unless("hidden_act", None, "silu", "swish")
+    d_model = f.int("hidden_size")
+    n_layer = f.int("num_hidden_layers")
+    for ours, theirs in (("d_model", d_model), ("n_layer", n_layer), ("intermediate_size", f.int("intermediate_size"))):
+        if ours in mc and int(mc[ours]) != theirs:
             raise ValueError(f"{MAMBA_CONFIG_FILE}: {ours} {mc[ours]} differs from config.json's {theirs}")
-    eps = float(data.get("rms_norm_eps", 1e-6))
+    eps = f.float("rms_norm_eps")
     if "rms_norm_eps" in mc and float(mc["rms_norm_eps"]) != eps:
         raise ValueError(f"{MAMBA_CONFIG_FILE}: rms_norm_eps {mc['rms_norm_eps']} differs from config.json's {eps}")
-    attn_heads = int(data["num_attention_heads"])
-    head_dim = int(data.get("head_dim") or d_model // attn_heads)
-    rotary_dim, base = rope_settings(data, head_dim)
+    head_dim = f.int("head_dim", allow_none=True) or d_model // f.int("num_attention_heads")
+    rotary_dim, base = default_rope(f, head_dim, honour_partial=False)  # Llama's RoPE rotates the whole head
     ssm = dict(mc.get("ssm_cfg") or {})
     ssm_cfg = {k: ssm[k] for k in _PASSED if k in ssm}
     if "dt_limit" in ssm_cfg:
-        ssm_cfg["dt_limit"] = [_json_float(x) for x in ssm_cfg["dt_limit"]]
+        ssm_cfg["dt_limit"] = dt_limit(Fields(ssm_cfg, MAMBA_CONFIG_FILE), "dt_limit")
     # one B/C group per head once x and B are expanded; their gated norm's eps is fixed at 1e-5
     ssm_cfg.update(d_state=d_state, ngroups=heads, headdim=d_state, expand=d_inner / d_model, norm_eps=1e-5)
     attn_layers = sorted(int(i) for i in (mc.get("attn_layers") or []))
     return ModelConfig(
-        **swiglu_decoder_fields(data),
+        **swiglu_decoder_fields(f),
         ssm_cfg=ssm_cfg,
         attn_layer_idx=attn_layers,
-        attn_cfg=gqa_attn_cfg(data, head_dim, rotary_dim, base),
-        **hf_norm_fields(data, eps),
+        attn_cfg=gqa_attn_cfg(f, head_dim, rotary_dim, base),
+        **hf_norm_fields(f, eps),
     )
 
 
@@ -103,12 +115,12 @@ def _expand_rows(t: torch.Tensor, start: int, d_xb: int, d_state: int, r: int) -
 
 
 def weights(sd: dict, data: dict) -> dict:
-    _, d_inner, d_xb, d_state, _ = _shapes(data)
+    mc, d_inner, d_xb, d_state, _ = _shapes(data)
     if any(".mamba.in_proj_x." in k for k in sd):
         raise ValueError("MambaInLlama's Mamba1 layers (mamba.in_proj_x, B_proj, dt_proj) are not supported, "
                          "only its Mamba2 variant")
     r = d_inner // d_xb
-    conv_done = bool(((data[MAMBA_CONFIG_KEY].get("ssm_cfg") or {}).get("repeat_kv_before_conv", False)))
+    conv_done = bool((mc.get("ssm_cfg") or {}).get("repeat_kv_before_conv", False))
     sd = swiglu_decoder_weights(sd, "norm", "post_attention_layernorm",
                                 {"mamba": "mixer", "self_attn": "self_attn", "mlp": "mlp"},
                                 attn=("self_attn", "mixer"), mlp="mlp")

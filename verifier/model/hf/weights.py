@@ -48,9 +48,10 @@ def fuse_attention(sd: dict, src: str, dst: str) -> None:
 
 def fuse_swiglu(sd: dict, src: str, dst: str) -> None:
     """``down(act(gate(x)) * up(x))`` at ``src`` -> GatedMLP at ``dst`` (``fc1`` = [up; gate], ``fc2`` = down)."""
-    fuse(sd, [f"{src}.up_proj.weight", f"{src}.gate_proj.weight"], f"{dst}.fc1.weight")
-    if f"{src}.down_proj.weight" in sd:
-        sd[f"{dst}.fc2.weight"] = sd.pop(f"{src}.down_proj.weight")
+    for kind in ("weight", "bias"):
+        fuse(sd, [f"{src}.up_proj.{kind}", f"{src}.gate_proj.{kind}"], f"{dst}.fc1.{kind}")
+        if f"{src}.down_proj.{kind}" in sd:
+            sd[f"{dst}.fc2.{kind}"] = sd.pop(f"{src}.down_proj.{kind}")
 
 
 def swiglu_decoder_weights(sd: dict, final_norm: str, norm2: str, sublayers: dict[str, str],

@@ -16,84 +16,120 @@ import math
 import torch
 
 from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.hf.common import hf_norm_fields, map_layer_types, refuse_unless, rope_settings
+from stree.verifier.model.hf.common import ROPE_KEYS, default_rope, hf_norm_fields, kv_heads, map_layer_types
+from stree.verifier.model.hf.fields import (DECODER_IGNORED, GENERATION, INIT, NUMERICS, TRAINING, ConfigSpec,
+                                            warn_unread)
 
 MODEL_TYPE = "zamba2"
 CLASS_NAME = "Zamba2ForCausalLM"
-_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "hybrid": "hybrid"}
+_KINDS = {"linear_attention": "mamba", "hybrid": "hybrid"}
 _MAMBA_NORM_EPS = 1e-5  # Zamba2MambaMixer's gated norm has a fixed eps, not rms_norm_eps
+_DEFAULT_LAYERS = (["linear_attention"] + (["linear_attention"] * 5 + ["hybrid"]) * 7 + ["linear_attention"] * 4
+                   + ["hybrid"] + ["linear_attention"] * 3 + ["hybrid"] + ["linear_attention"] * 2)
+
+SPEC = ConfigSpec(
+    class_name="Zamba2Config",
+    defaults={
+        "vocab_size": 32000, "max_position_embeddings": 4096, "hidden_size": 2560, "num_hidden_layers": 54,
+        "layers_block_type": None, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1,
+        "time_step_min": 0.001, "time_step_max": 0.1, "time_step_floor": 1e-4, "n_mamba_heads": 8,
+        "use_mamba_kernels": True, "use_conv_bias": True, "chunk_size": 256, "use_mem_eff_path": False,
+        "add_bias_linear": False, "intermediate_size": None, "hidden_act": "gelu", "num_attention_heads": 32,
+        "num_key_value_heads": None, "attention_dropout": 0.0, "num_mem_blocks": 1,
+        "use_shared_attention_adapter": False, "adapter_rank": 128, "use_mem_rope": False, "rope_parameters": None,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-5, "use_cache": True, "num_logits_to_keep": 1,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "use_long_context": False,
+        "tie_word_embeddings": True,
+    },
+    ignored={
+        **DECODER_IGNORED, "time_step_max": INIT, "time_step_floor": INIT, "use_mamba_kernels": TRAINING,
+        "use_conv_bias": "Zamba2's Mamba conv always has a bias", "chunk_size": NUMERICS,
+        "use_mem_eff_path": TRAINING, "adapter_rank": "the adapters' shape, read from the weights",
+        "num_logits_to_keep": GENERATION,
+        "use_long_context": "only sets max_position_embeddings, which plain RoPE does not read",
+    },
+    # derived by Zamba2Config and saved; a stored value overrides the derived one (set after __post_init__)
+    optional={"attention_head_dim": None, "head_dim": None, "attention_hidden_size": None, "mamba_headdim": None,
+              "hybrid_layer_ids": None, "layer_types": None, **ROPE_KEYS},
+    extra_ignored=frozenset({"kv_channels", "num_query_groups"}),  # derived, not read by the model
+)
 
 
-def layer_kinds(data: dict) -> list[str]:
-    raw = data.get("layers_block_type") or data.get("layer_types")
-    if not raw:
-        raise ValueError("config: Zamba2 needs layers_block_type")
-    return map_layer_types(raw, _KINDS, "layers_block_type")
+def layer_kinds(f) -> list[str]:
+    raw = f["layer_types"] if f.get("layer_types") is not None else f.get("layers_block_type")
+    return map_layer_types(_DEFAULT_LAYERS if raw is None else raw, _KINDS, "layers_block_type")
 
 
-def config(data: dict) -> ModelConfig:
-    act = data.get("hidden_act", "gelu")  # the shared MLP's activation (the Mamba2 mixer always uses SiLU)
-    if act not in ("gelu", "silu", "swish"):
-        raise ValueError(f"config: hidden_act={act!r} is not supported (only 'gelu' or 'silu')")
-    refuse_unless(data, "add_bias_linear", False)
-    d_model = int(data["hidden_size"])
-    kinds = layer_kinds(data)
-    heads = int(data["num_attention_heads"])
-    kv_heads = int(data.get("num_key_value_heads") or heads)
-    if (2 * d_model) % heads:
-        raise ValueError(f"config: num_attention_heads={heads} does not divide attention_hidden_size {2 * d_model}")
-    head_dim = 2 * d_model // heads  # Zamba2 derives it; a stored attention_head_dim is recomputed the same way
-    if bool(data.get("use_shared_attention_adapter", False)) and kv_heads != heads:
-        raise ValueError(f"config: num_key_value_heads={kv_heads} with use_shared_attention_adapter is not supported "
-                         f"(the k/v adapters are {2 * d_model} wide)")
-    expand = data.get("mamba_expand", 2)
-    d_ssm = int(expand * d_model)
-    n_heads = int(data.get("n_mamba_heads", 8))
-    if d_ssm % n_heads or abs(d_ssm - expand * d_model) > 1e-6:
-        raise ValueError(f"config: mamba_expand*hidden_size {expand * d_model} does not split into "
-                         f"n_mamba_heads={n_heads} heads")
-    if bool(data.get("use_mem_rope", False)):
-        _, base = rope_settings(data, head_dim)  # refuses any rope_type but 'default'; the whole head rotates
-        rotary_dim = head_dim
-    else:
-        rotary_dim, base = 0, 10000.0
-    eps = float(data.get("rms_norm_eps", 1e-5))
+def _stored(f, key: str, derived: int) -> int:
+    """A derived size as the model reads it: ``key``'s stored value when config.json has one."""
+    return derived if f.get(key) is None else f.int(key)
+
+
+def _head_dim(f, d_model: int, heads: int) -> int:
+    if f.get("attention_head_dim") is not None and f.get("head_dim") is not None and \
+            f["attention_head_dim"] != f["head_dim"]:
+        raise ValueError(f"config: attention_head_dim={f['attention_head_dim']} and head_dim={f['head_dim']} differ")
+    key = "attention_head_dim" if f.get("attention_head_dim") is not None else "head_dim"
+    return _stored(f, key, 2 * d_model // heads)
+
+
+def config(f) -> ModelConfig:
+    f.refuse_unless("hidden_act", "gelu", "silu", "swish")  # the shared MLP's (the Mamba2 mixer always uses SiLU)
+    d_model = f.int("hidden_size")
+    kinds = layer_kinds(f)
+    if f.int("num_hidden_layers") != len(kinds):  # transformers' validation refuses this too
+        raise ValueError(f"config: num_hidden_layers={f['num_hidden_layers']} is not the {len(kinds)} entries of "
+                         "layers_block_type")
+    hybrid = [i for i, k in enumerate(kinds) if k == "hybrid"]
+    if f.get("hybrid_layer_ids") is not None and list(f["hybrid_layer_ids"]) != hybrid:
+        raise ValueError(f"config: hybrid_layer_ids={f['hybrid_layer_ids']} are not the hybrid layers {hybrid} "
+                         "of layers_block_type")
+    if _stored(f, "attention_hidden_size", 2 * d_model) != 2 * d_model:
+        raise ValueError(f"config: attention_hidden_size={f['attention_hidden_size']} is not 2*hidden_size "
+                         f"{2 * d_model} (the attention reads [hidden; embeddings])")
+    heads = f.int("num_attention_heads")
+    kv = kv_heads(f, heads)
+    head_dim = _head_dim(f, d_model, heads)
+    if f.bool("use_shared_attention_adapter") and (heads * head_dim != 2 * d_model or kv != heads):
+        raise ValueError(f"config: num_attention_heads={heads}, num_key_value_heads={kv} and head dim {head_dim} "
+                         f"with use_shared_attention_adapter: the q/k/v adapters are {2 * d_model} wide, so "
+                         "transformers cannot run this either")
+    d_ssm = f.int("mamba_expand") * d_model
+    n_heads = f.int("n_mamba_heads")
+    mamba_headdim = _stored(f, "mamba_headdim", d_ssm // n_heads)
+    if n_heads * mamba_headdim != d_ssm:
+        raise ValueError(f"config: n_mamba_heads*mamba_headdim {n_heads}*{mamba_headdim} != mamba_expand*hidden_size "
+                         f"{d_ssm}")
+    rotary_dim, base = default_rope(f, head_dim, honour_partial=False) if f.bool("use_mem_rope") else (0, 10000.0)
+    eps = f.float("rms_norm_eps")
+    bias = f.bool("add_bias_linear")
+    act = "silu" if f["hidden_act"] == "swish" else f["hidden_act"]
     return ModelConfig(
         d_model=d_model,
         n_layer=len(kinds),
-        vocab_size=int(data["vocab_size"]),
+        vocab_size=f.int("vocab_size"),
         ssm_cfg={
-            "d_state": int(data.get("mamba_d_state", 64)), "d_conv": int(data.get("mamba_d_conv", 4)),
-            "expand": d_ssm // d_model if d_ssm % d_model == 0 else d_ssm / d_model, "headdim": d_ssm // n_heads,
-            "ngroups": int(data.get("mamba_ngroups", 1)), "bias": False,
-            "conv_bias": True,  # Zamba2's conv1d always has a bias (use_conv_bias is not read)
-            "dt_limit": [float(data.get("time_step_min", 0.001)), math.inf],
-            "chunk_size": int(data.get("chunk_size", 256)), "norm_eps": _MAMBA_NORM_EPS,
+            "d_state": f.int("mamba_d_state"), "d_conv": f.int("mamba_d_conv"), "expand": f.int("mamba_expand"),
+            "headdim": mamba_headdim, "ngroups": f.int("mamba_ngroups"), "bias": bias,
+            "conv_bias": True, "dt_limit": [f.float("time_step_min"), math.inf],
+            "chunk_size": f.int("chunk_size"), "norm_eps": _MAMBA_NORM_EPS,
         },
-        attn_cfg={"num_heads": heads, "num_heads_kv": kv_heads, "head_dim": head_dim, "qkv_proj_bias": False,
+        attn_cfg={"num_heads": heads, "num_heads_kv": kv, "head_dim": head_dim, "qkv_proj_bias": False,
                   "out_proj_bias": False, "softmax_scale": (head_dim / 2) ** -0.5, "rotary_emb_dim": rotary_dim,
                   "rotary_emb_base": base},
-        hybrid_layer_idx=[i for i, k in enumerate(kinds) if k == "hybrid"],
-        hybrid_mlp={"hidden": int(data.get("intermediate_size") or 4 * d_model),
-                    "act": "silu" if act == "swish" else act},
-        **{**hf_norm_fields(data, eps), "tie_embeddings": bool(data.get("tie_word_embeddings", True))},
+        hybrid_layer_idx=hybrid,
+        hybrid_mlp={"hidden": _stored(f, "intermediate_size", 4 * d_model), "act": act, "bias": bias},
+        **hf_norm_fields(f, eps),
     )
 
 
-def _folded(take, base: str, adapter: str | None) -> torch.Tensor:
-    """``take(base)`` plus the LoRA product ``B @ A`` of ``{adapter}.0`` (A) and ``{adapter}.1`` (B), in float32."""
-    w = take(base)
-    if adapter is None:
-        return w
-    a, b = take(f"{adapter}.0.weight").float(), take(f"{adapter}.1.weight").float()
-    return (w.float() + b @ a).to(w.dtype)
-
-
-def weights(sd: dict, data: dict) -> dict:
-    kinds = layer_kinds(data)
+def weights(sd: dict, f) -> dict:
+    """Per hybrid layer, each shared-block tensor is the layer's own saved copy when the checkpoint has one (a
+    copy transformers leaves untied), else the copy of the first layer using the same block (tied to it)."""
+    kinds = layer_kinds(f)
     hybrid = [i for i, k in enumerate(kinds) if k == "hybrid"]
-    n_mem = int(data.get("num_mem_blocks", 1))
-    q_adapters = bool(data.get("use_shared_attention_adapter", False))
+    n_mem = f.int("num_mem_blocks")
+    q_adapters = f.bool("use_shared_attention_adapter")
     out: dict = {}
     used: set = set()
 
@@ -102,6 +138,11 @@ def weights(sd: dict, data: dict) -> dict:
             raise ValueError(f"weights: the {CLASS_NAME} checkpoint has no tensor {name}")
         used.add(name)
         return sd[name]
+
+    def shared(layer: int, rel: str) -> str:
+        """The name of the shared-block tensor ``rel`` hybrid layer ``layer`` runs with."""
+        own = f"model.layers.{layer}.shared_transformer.{rel}"
+        return own if own in sd else f"model.layers.{hybrid[hybrid.index(layer) % n_mem]}.shared_transformer.{rel}"
 
     def move(src: str, dst: str) -> None:
         for name in [n for n in sd if n.startswith(src + ".")]:
@@ -119,23 +160,48 @@ def weights(sd: dict, data: dict) -> dict:
         move(f"{p}.mamba_decoder.input_layernorm", f"{dst}.mixer.mamba_norm")
         move(f"{p}.linear", f"{dst}.mixer.linear")
         use = hybrid.index(i)
-        # this use's block: its own copy when saved, else the first layer that uses the same block (tied)
-        own, first = f"{p}.shared_transformer", f"model.layers.{hybrid[use % n_mem]}.shared_transformer"
-        src = own if f"{own}.self_attn.q_proj.weight" in sd else first
-        attn, ff = f"{src}.self_attn", f"{src}.feed_forward"
-        qkv = [_folded(take, f"{attn}.{x}_proj.weight", f"{attn}.linear_{x}_adapter_list.{use}" if q_adapters else None)
-               for x in "qkv"]
+        at = lambda rel: take(shared(i, rel))  # noqa: E731
+        qkv = []
+        for x in "qkv":
+            w = at(f"self_attn.{x}_proj.weight")
+            if q_adapters:
+                a = at(f"self_attn.linear_{x}_adapter_list.{use}.0.weight").float()
+                b = at(f"self_attn.linear_{x}_adapter_list.{use}.1.weight").float()
+                w = (w.float() + b @ a).to(w.dtype)
+            qkv.append(w)
         out[f"{dst}.mixer.attn.in_proj.weight"] = torch.cat(qkv, dim=0)
-        out[f"{dst}.mixer.attn.out_proj.weight"] = take(f"{attn}.o_proj.weight")
-        out[f"{dst}.mixer.attn_norm.weight"] = take(f"{src}.input_layernorm.weight")
-        out[f"{dst}.mixer.ff_norm.weight"] = take(f"{src}.pre_ff_layernorm.weight")
-        out[f"{dst}.mixer.gate_up_proj.weight"] = _folded(take, f"{ff}.gate_up_proj.weight",
-                                                      f"{ff}.gate_up_proj_adapter_list.{use}")
-        out[f"{dst}.mixer.down_proj.weight"] = take(f"{ff}.down_proj.weight")
+        out[f"{dst}.mixer.attn.out_proj.weight"] = at("self_attn.o_proj.weight")
+        out[f"{dst}.mixer.attn_norm.weight"] = at("input_layernorm.weight")
+        out[f"{dst}.mixer.ff_norm.weight"] = at("pre_ff_layernorm.weight")
+        w = at("feed_forward.gate_up_proj.weight")
+        a = at(f"feed_forward.gate_up_proj_adapter_list.{use}.0.weight").float()
+        b = at(f"feed_forward.gate_up_proj_adapter_list.{use}.1.weight").float()
+        out[f"{dst}.mixer.gate_up_proj.weight"] = (w.float() + b @ a).to(w.dtype)
+        out[f"{dst}.mixer.down_proj.weight"] = at("feed_forward.down_proj.weight")
+        for proj in ("gate_up_proj", "down_proj"):  # add_bias_linear
+            if shared(i, f"feed_forward.{proj}.bias") in sd:
+                out[f"{dst}.mixer.{proj}.bias"] = at(f"feed_forward.{proj}.bias")
+    dead = []
     for name, t in sd.items():
         if name in used:
             continue
-        if ".shared_transformer." in name and "_adapter_list." in name:
-            continue  # another use's adapter in a saved copy of a tied block: that use read it from its own source
+        rel = name.split(".shared_transformer.", 1)[1] if ".shared_transformer." in name else None
+        adapter_use = _adapter_use(rel) if rel is not None else None
+        if adapter_use is not None and adapter_use < len(hybrid):
+            # another use's adapter in a copy of its block: transformers never runs it; equal to what that use runs?
+            if not torch.equal(t, sd[shared(hybrid[adapter_use], rel)]):
+                dead.append(name)
+            continue
         out[name] = t  # lm_head.weight, or a tensor nothing here reads: the loader names it as unexpected
+    warn_unread(dead, "another use's LoRA adapter in a saved copy of a shared block, which no layer runs "
+                      "(transformers neither); it differs from the one that use runs")
     return out
+
+
+def _adapter_use(rel: str) -> int | None:
+    """The use index ``u`` of a ``..._adapter_list.{u}...`` tensor name, else None."""
+    parts = rel.split(".")
+    for k, part in enumerate(parts[:-1]):
+        if part.endswith("_adapter_list") and parts[k + 1].isdigit():
+            return int(parts[k + 1])
+    return None
