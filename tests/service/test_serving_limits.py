@@ -25,8 +25,10 @@ MAX_SEQ = 8192
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = TinyStack(tmp_path_factory.mktemp("m"), seed=6, n_layer=1)
+    # every client here shares 127.0.0.1: the per-client cap must not stand for "64 clients"
     s.server = GenerationServer(s.model, s.tok, limits=ServerLimits(max_sessions=8, max_waiting=96,
-                                                                    max_seq_len=MAX_SEQ, prefill_chunk=64))
+                                                                    max_seq_len=MAX_SEQ, prefill_chunk=64,
+                                                                    max_streams_per_client=128))
     shared_loop().run(s.server.start())
     yield s
     shared_loop().run(s.server.stop(0), 30)
