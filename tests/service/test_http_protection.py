@@ -42,12 +42,36 @@ class _OpenRaises:
 register_drafter("http-open-raises", lambda **_: _OpenRaises(), replace=True)
 
 
+class Watched:
+    """The real tokenizer, with ``busy`` set while it encodes (to see what the server does meanwhile)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.busy = tokenizer, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def _watched(self, method, *args, **kwargs):
+        self.busy.set()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.busy.clear()
+
+    def encode(self, *args, **kwargs):
+        return self._watched(self.tokenizer.encode, *args, **kwargs)
+
+    def encode_batch(self, *args, **kwargs):
+        return self._watched(self.tokenizer.encode_batch, *args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = TinyStack(tmp_path_factory.mktemp("m"), seed=41, n_layer=1)
     (s.model_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     loop = shared_loop()
-    s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("ngram"), http_port=0, model_name="tiny",
+    s.watched = Watched(s.tok)
+    s.server = GenerationServer(s.model, s.watched, EmbeddedDrafters("ngram"), http_port=0, model_name="tiny",
                                 model_dir=str(s.model_dir),
                                 limits=ServerLimits(max_sessions=2, max_waiting=40, max_seq_len=4096,
                                                     max_streams_per_client=16, body_timeout_s=1.0,
@@ -128,9 +152,11 @@ def test_tokenizing_a_long_prompt_leaves_the_server_answering(stack):
 
     thread = threading.Thread(target=big)
     thread.start()
-    health = 0
+    health = 0  # /health answers served from start to end while the prompt was being tokenized
     while not done.is_set():
-        health += stack.http.get(f"{stack.base}/health").status_code == 200
+        before = stack.watched.busy.is_set()
+        ok = stack.http.get(f"{stack.base}/health").status_code == 200
+        health += ok and before and stack.watched.busy.is_set()
     thread.join()
     assert answered == [400] and health >= 3, health
 
