@@ -17,15 +17,17 @@ from typing import Iterable, Optional, Sequence
 from .sampling import MAX_TOP_K, MIN_TEMPERATURE, MIN_TOP_P, SamplingParams
 
 MAX_TEMPERATURE = 2.0
-"""Highest temperature (OpenAI's bound): past it sampling is all but uniform, and 1e308 overflowed a step."""
+"""Highest temperature (OpenAI's bound): past it sampling is all but uniform, and float32 logits / T underflow."""
 MAX_STOPS = 8
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_REQUEST_ID_CHARS = 128
 MAX_DRAFTER_NAME_CHARS = 128
 MAX_ECHO_CHARS = 64
-"""Characters of a client's value an error message repeats (a 100k-character name once filled gRPC trailers)."""
+"""Characters of a client's value an error message repeats (gRPC carries the message in its trailers)."""
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_BYTES_PER_TOKEN = 8
+"""Average prompt bytes per token the default prompt cap allows (byte-level BPE on code or prose: about 3-5)."""
 
 __all__ = [
     "FieldError", "MAX_DRAFTER_NAME_CHARS", "MAX_ECHO_CHARS", "MAX_REQUEST_ID_CHARS", "MAX_STOPS",
@@ -179,6 +181,7 @@ def check_drafter_name(value: str, field: str = "drafter") -> str:
 
 
 def prompt_byte_limit(max_tokens: int, longest_token_bytes: int) -> int:
-    """Bytes of prompt text past which no tokenization can fit ``max_tokens`` tokens: each token covers at most
-    ``longest_token_bytes`` bytes; twice that leaves room for normalizers that shrink text."""
-    return 2 * max(1, int(max_tokens)) * max(1, int(longest_token_bytes))
+    """Default cap on prompt bytes for prompts of at most ``max_tokens`` tokens: ``longest_token_bytes`` per token
+    (no token covers more, so no longer prompt fits), but at most ``MAX_BYTES_PER_TOKEN`` per token on average
+    (vocabularies with long whitespace runs would otherwise admit bodies megabytes long)."""
+    return max(1, int(max_tokens)) * max(1, min(int(longest_token_bytes), MAX_BYTES_PER_TOKEN))

@@ -124,8 +124,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens-limit", type=int, default=4096, help="largest max_new_tokens / max_tokens")
     p.add_argument("--max-prompt-chars", type=int, default=4_000_000, help="longest prompt text")
     p.add_argument("--max-prompt-bytes", type=int, default=None,
-                   help="largest prompt text in UTF-8 bytes, refused before tokenizing (default: twice what "
-                        "--max-seq-len tokens of the tokenizer's longest entry span)")
+                   help="largest prompt text in UTF-8 bytes, refused before tokenizing (default: --max-seq-len "
+                        "x the bytes of the tokenizer's longest entry, at most 8)")
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest HTTP request body (default: room for the largest prompt, JSON-escaped)")
     p.add_argument("--body-timeout", type=float, default=30.0,

@@ -93,8 +93,8 @@ def test_text_ids_and_names():
 
 
 def test_prompt_bytes_are_checked_before_anything_reads_the_prompt():
-    cap = prompt_byte_limit(8, 4)
-    assert cap == 64
+    assert prompt_byte_limit(8, 4) == 32 and prompt_byte_limit(8, 100) == 64  # at most 8 bytes a token
+    cap = 64
     check_prompt_size("é" * 32, cap)  # 64 bytes
     with pytest.raises(FieldError, match="65 bytes"):
         check_prompt_size("é" * 32 + "x", cap)

@@ -112,7 +112,8 @@ def test_sigterm_with_8_streams_in_flight_finishes_them_and_refuses_newcomers(ti
         served.proc.send_signal(signal.SIGTERM)
         with httpx.Client(timeout=60) as http:
             assert http.get(f"http://{served.http}/health").status_code == 503
-            r = http.post(f"http://{served.http}/v1/completions", json={"model": "tiny", "prompt": [5], "max_tokens": 2})
+            r = http.post(f"http://{served.http}/v1/completions",
+                          json={"model": "tiny", "prompt": [5], "max_tokens": 2})
             assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
         with grpc.insecure_channel(served.grpc) as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)

@@ -11,9 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service_helpers import TinyStack, wait_until
-from stree.proto.rpc import shared_loop
-from stree.proto.stree.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+from service_helpers import TinyStack, grpc_served, wait_until
+from stree.proto.stree.v1 import common_pb2, generation_pb2
 from stree.protocols.registry import register_drafter
 from stree.verifier.decode.loop import generate
 from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, ServerLimits
@@ -41,12 +40,8 @@ def stack(tmp_path_factory):
     s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("ngram"), api_key=KEY, model_name="tiny",
                                 limits=ServerLimits(max_sessions=2, max_waiting=8, max_seq_len=4096,
                                                     max_streams_per_client=2))
-    shared_loop().run(s.server.start())
-    s.channel = grpc.insecure_channel(s.server.address)
-    s.stub = generation_pb2_grpc.GenerationServiceStub(s.channel)
-    yield s
-    s.channel.close()
-    shared_loop().run(s.server.stop(0), 30)
+    with grpc_served(s.server) as (s.channel, s.stub):
+        yield s
 
 
 def _req(**kw) -> generation_pb2.GenerateRequest:

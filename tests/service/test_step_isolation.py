@@ -15,9 +15,8 @@ import threading
 import grpc
 import pytest
 
-from service_helpers import TinyStack, wait_until
-from stree.proto.rpc import shared_loop
-from stree.proto.stree.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+from service_helpers import TinyStack, grpc_served, wait_until
+from stree.proto.stree.v1 import common_pb2, generation_pb2
 from stree.verifier.decode.loop import generate
 from stree.verifier.service.server import GenerationServer, ServerLimits
 
@@ -49,12 +48,8 @@ def stack(tmp_path_factory):
     s.want = [o.token_ids for o in s.want]
     s.server = GenerationServer(s.model, s.tok, limits=ServerLimits(max_sessions=8, max_seq_len=4096))
     poison(s.model, lambda: s.server.core.engine)
-    shared_loop().run(s.server.start())
-    s.channel = grpc.insecure_channel(s.server.address)
-    s.stub = generation_pb2_grpc.GenerationServiceStub(s.channel)
-    yield s
-    s.channel.close()
-    shared_loop().run(s.server.stop(0), 30)
+    with grpc_served(s.server) as (s.channel, s.stub):
+        yield s
 
 
 def _culprit() -> generation_pb2.GenerateRequest:

@@ -33,6 +33,7 @@ from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Engine, Request
 from stree.verifier.decode.loop import _device_path
+from stree.verifier.service.client import StreamChunk
 from stree.verifier.service.drafters import NO_DRAFTER, RemoteDrafters
 from stree.verifier.service.metrics import ServerMetrics
 from stree.verifier.service.remote_drafter import RemoteDrafter
@@ -57,7 +58,7 @@ class ServerLimits:
     prefill_chunk: int = 512
     admit_hold_steps: int = ADMIT_HOLD_STEPS  # steps free slots may wait to batch queued prompts' prefills
     budget: DraftBudget = field(default_factory=lambda: DEFAULT_BUDGET)
-    max_prompt_bytes: Optional[int] = None  # None: twice what max_seq_len of the tokenizer's longest tokens span
+    max_prompt_bytes: Optional[int] = None  # None: max_seq_len x the longest token's bytes (at most 8)
     max_body_bytes: Optional[int] = None  # HTTP request body; None: room for the largest prompt, JSON-escaped
     body_timeout_s: float = 30.0  # an HTTP body must arrive within this
     reserved_slots: Optional[int] = None  # slots kept for clients running nothing yet; None: max_sessions // 8
@@ -107,17 +108,11 @@ class Job:
 
 
 @dataclass
-class Event:
+class Event(StreamChunk):
     """One streamed step (tokens, text, step stats), or the last one: ``finished`` with totals. A request the
     server could not finish ends with ``finish_reason == "error"`` and ``error`` saying why (``retryable``:
     the request was fine, the server shut down under it)."""
 
-    token_ids: list[int]
-    text: str
-    step: dict
-    finished: bool = False
-    finish_reason: str = ""
-    stats: dict = field(default_factory=dict)
     error: str = ""
     retryable: bool = False
 

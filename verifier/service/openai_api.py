@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from stree.protocols.request_limits import FieldError
+from stree.protocols.request_limits import FieldError, shorten
 from stree.verifier.service.chat_template import ChatTemplate, ChatTemplateError
 from stree.verifier.service.core import DrafterBroken, Draining, GenSpec, ServingCore
 from stree.verifier.service.openai_schema import ApiRequest, parse
@@ -92,10 +92,10 @@ class OpenAIApp:
         ], exception_handlers={404: self._not_found, 405: self._not_allowed, Exception: self._internal})
 
     async def _not_found(self, request, exc):
-        return error(404, f"no route {request.url.path}")
+        return error(404, f"no route {shorten(request.url.path)}")
 
     async def _not_allowed(self, request, exc):
-        return error(405, f"{request.method} is not allowed on {request.url.path}")
+        return error(405, f"{shorten(request.method)} is not allowed on {shorten(request.url.path)}")
 
     async def _internal(self, request, exc):
         log.error("internal error on %s", request.url.path, exc_info=exc)
@@ -137,7 +137,7 @@ class OpenAIApp:
         """The request body, at most ``max_body_bytes``, arrived within ``body_timeout_s``."""
         cap, timeout = self.core.max_body_bytes, self.core.limits.body_timeout_s
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cap:
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
             raise HttpRefusal(413, f"the request body has {declared} bytes, over the server's limit of {cap}")
         chunks, size = [], 0
 
@@ -295,29 +295,38 @@ class OpenAIApp:
                 await merged.put((index, None))
 
         tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
-        stats, first, open_ = [], set(), len(gens)
         try:
-            while open_:
-                index, ev = await merged.get()
-                if ev is None:
-                    open_ -= 1
-                    continue
-                if ev.finished and ev.finish_reason == "error":
-                    yield f"data: {json.dumps(error_body(503 if ev.retryable else 500, ev.error))}\n\n"
-                    continue
-                finish = self._finish(ev.finish_reason) if ev.finished else None
-                if ev.finished:
-                    stats.append(ev.stats)
-                if ev.text or ev.token_ids or finish or index not in first:
-                    yield self._chunk(rid, chat, index, ev.text, ev.token_ids, finish, index not in first)
-                    first.add(index)
-            if api.include_usage:
-                body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": int(time.time()), "model": self.model_id, "choices": [],
-                        "usage": self._usage(stats)}
-                yield f"data: {json.dumps(body)}\n\n"
+            async for event in self._sse_events(api, merged, len(gens), rid, chat):
+                yield event
+        except Exception:  # noqa: BLE001 - a bug of ours: the log has it, the client an error event
+            log.exception("%s failed while streaming", rid)
+            yield f"data: {json.dumps(error_body(500, 'internal error while generating (the server log has it)'))}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _sse_events(self, api: ApiRequest, merged: asyncio.Queue, open_: int, rid: str, chat: bool):
+        """The SSE lines of ``open_`` choices whose events arrive on ``merged`` (``None``: that choice ended)."""
+        stats, first = [], set()
+        while open_:
+            index, ev = await merged.get()
+            if ev is None:
+                open_ -= 1
+                continue
+            if ev.finished and ev.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(503 if ev.retryable else 500, ev.error))}\n\n"
+                continue
+            finish = self._finish(ev.finish_reason) if ev.finished else None
+            if ev.finished:
+                stats.append(ev.stats)
+            if ev.text or ev.token_ids or finish or index not in first:
+                yield self._chunk(rid, chat, index, ev.text, ev.token_ids, finish, index not in first)
+                first.add(index)
+        if api.include_usage:
+            body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": self.model_id, "choices": [],
+                    "usage": self._usage(stats)}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"

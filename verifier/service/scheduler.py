@@ -206,14 +206,19 @@ class Scheduler:
                 _fail(req, f"the engine refused this request: {exc}", False)
 
     def _arrange(self) -> None:
-        """Put the engine's queue in fair order and hold back what the reserved slots keep out this step."""
+        """Put the engine's queue in fair order and hold back what the reserved slots keep out this step (only
+        when a slot is free or about to be: with none, the engine admits nothing and the order can wait)."""
         eng = self.engine
-        queued = [r for r in (*self._held, *eng.waiting) if not r.done]
-        if not queued and not eng.waiting:
-            self._held = []
+        if any(r.done for r in eng.waiting):  # cancelled while queued: out now, so they are reported at once
+            kept = [r for r in eng.waiting if not r.done]
+            eng.waiting.clear()
+            eng.waiting.extend(kept)
+        self._held = [r for r in self._held if not r.done]
+        free = sum(r is None or r.done for r in eng.slots)
+        if free == 0 or not (self._held or eng.waiting):
             return
+        queued = [*self._held, *eng.waiting]
         running = collections.Counter(r.client for r in eng.slots if r is not None and not r.done)
-        free = sum(r is None for r in eng.slots)
         admit, self._held = admissible(fair_order(queued, running), running, free, self.reserved_slots)
         eng.waiting.clear()
         eng.waiting.extend(admit)

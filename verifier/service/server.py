@@ -34,6 +34,7 @@ from stree.protocols.request_limits import (
     check_request_id,
     check_sampling,
     check_stops,
+    log_field,
 )
 from stree.verifier.service.chat_template import ChatTemplate
 from stree.verifier.service.core import (
@@ -155,6 +156,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                                                        stats=generation_pb2.GenerationStats(**ev.stats))
                 else:
                     yield generation_pb2.GenerateChunk(token_ids=ev.token_ids, text=ev.text, step=step)
+        except Exception:  # noqa: BLE001 - a bug of ours: the log has it, the client a plain sentence
+            log.exception("request_id=%s failed while streaming", log_field(gen.rid))
+            failure = (grpc.StatusCode.INTERNAL, "internal error while generating (the server log has it)")
         finally:
             await events.aclose()
         if failure is not None:
