@@ -46,8 +46,8 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
                       "code": status}}
 
 
-def error(status: int, message: str, param: Optional[str] = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+def error(status: int, message: str, param: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 class HttpRefusal(Exception):
@@ -161,8 +161,8 @@ class OpenAIApp:
             return denied
         try:
             raw = await self._body(request)
-        except HttpRefusal as exc:
-            return error(exc.status, str(exc))
+        except HttpRefusal as exc:  # and close the connection: the server would otherwise read the rest
+            return error(exc.status, str(exc), headers={"connection": "close"})
         try:
             body = json.loads(raw)
         except RecursionError:
