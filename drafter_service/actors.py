@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import ray
 from ray.exceptions import ActorDiedError
 
+from stree.proto.rpc import is_loopback
 from stree.protocols.drafter import DraftBudget
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
@@ -28,7 +29,6 @@ from stree.protocols.registry import filter_options, get_drafter_factory, missin
 
 
 log = logging.getLogger(__name__)
-
 
 
 class ReplicaStatus(str, enum.Enum):
@@ -150,9 +150,17 @@ NAMESPACE = "stree"
 RemoteReplica = ray.remote(DrafterReplica)
 
 
-def init_ray(address: str = "local", num_cpus: int = 2) -> None:
+LOOPBACK = "127.0.0.1"
+_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def init_ray(address: str = "local", num_cpus: int = 2, node_ip: str = LOOPBACK) -> None:
     """Connect to Ray: ``local`` starts a private instance, ``auto`` joins the running cluster, else an address.
 
+    A ``local`` instance's processes (GCS, raylet, workers, dashboard agent, runtime-env agent) listen on
+    ``node_ip`` only: 127.0.0.1 unless told otherwise. Ray turns a loopback ``_node_ip_address`` into the
+    machine's reachable address, except where it runs single-machine clusters (its Windows/macOS switch,
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``); that switch is held off while the instance starts.
     Ray 2.5x+ uses token auth (``RAY_AUTH_MODE=token``): ``ray.init`` of a local instance makes a
     token itself; joining a cluster needs the cluster's token in ``RAY_AUTH_TOKEN`` or
     ``RAY_AUTH_TOKEN_PATH`` (or ``~/.ray/auth_token``), which ``deploy/local_cluster.sh`` sets up.
@@ -160,10 +168,25 @@ def init_ray(address: str = "local", num_cpus: int = 2) -> None:
     """
     if ray.is_initialized():
         return
-    if address == "local":
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level="WARNING")
-    else:
+    if address != "local":
         ray.init(address=address, namespace=NAMESPACE, logging_level="WARNING")
+        return
+    kwargs = dict(num_cpus=num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level="WARNING")
+    if not is_loopback(node_ip):
+        ray.init(_node_ip_address=node_ip, **kwargs)
+        return
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_CLUSTER_SWITCH)
+    ray_constants.ENABLE_RAY_CLUSTER, os.environ[_CLUSTER_SWITCH] = False, "0"
+    try:
+        ray.init(**kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved[0]
+        if saved[1] is None:
+            os.environ.pop(_CLUSTER_SWITCH, None)
+        else:
+            os.environ[_CLUSTER_SWITCH] = saved[1]
 
 
 def cluster_has_gpu() -> bool:

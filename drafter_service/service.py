@@ -22,7 +22,7 @@ from ray.exceptions import RayError
 from stree.drafter_service.actors import (FAILED, INVALID, OK, DrafterHost, PoolConfig, PoolLimitReached, Replica,
                                           ReplicaPool)
 from stree.proto.codec import budget_from_pb, budget_tuple, sampling_from_pb, tree_to_pb
-from stree.proto.rpc import peer_host, server_options, set_serving, start_server
+from stree.proto.rpc import exposure_warnings, peer_host, server_options, set_serving, start_server
 from stree.proto.stree.v1 import drafter_pb2
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
 
@@ -395,6 +395,8 @@ class DrafterServer:
             api_key=self.api_key, options=server_options(self.limits.max_request_bytes))
         for name in self.preload:
             await self.host.pool(name)
+        for warning in exposure_warnings(self.bind, bool(self.api_key), self.credentials is not None):
+            log.warning("%s", warning)
         await set_serving(self.health, [SERVICE_NAME])
         log.info("DrafterService on %s; drafters ready: %s", self.address, ", ".join(self.preload) or "(on demand)")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
+import ipaddress
 import os
 import threading
 from pathlib import Path
@@ -16,8 +17,6 @@ from typing import Awaitable, Optional, Sequence, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
-
 
 # Trees with draft probabilities can be large (nodes x vocab x 4 bytes).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -142,6 +141,30 @@ def peer_host(peer: str) -> str:
     return f"{kind}:{host}"
 
 
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps a server on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve to anything
+        return False
+
+
+def exposure_warnings(bind: str, has_api_key: bool, has_tls: bool) -> list[str]:
+    """What a server listening on ``bind`` leaves open: no API key, no TLS (nothing on a loopback address)."""
+    if is_loopback(bind):
+        return []
+    out = []
+    if not has_api_key:
+        out.append(f"listening on {bind} without an API key: anyone who can reach this address can use the "
+                   f"server (--api-key or ${API_KEY_ENV})")
+    if not has_tls:
+        out.append(f"listening on {bind} without TLS: requests, outputs and any API key cross the network in "
+                   f"clear (--tls-cert and --tls-key)")
+    return out
+
+
 def add_health_and_reflection(server: grpc.aio.Server, service_names: Sequence[str]):
     """Register grpc.health.v1 and reflection; call ``set_serving(..., False)`` before starting, since
     the health servicer reports the whole server ("") SERVING from the start otherwise."""
@@ -224,13 +247,15 @@ def shared_loop() -> LoopThread:
         return _SHARED
 
 
-def serve_until_signalled(server, banner: str, grace: float = 2.0) -> None:
-    """Start an aio ``server`` (``start``/``stop`` coroutines) on the shared loop; stop it on SIGINT/SIGTERM."""
+def serve_until_signalled(server, banner: str, grace: float = 2.0, stop_timeout: float = 30.0) -> None:
+    """Start an aio ``server`` (``start``/``stop`` coroutines) on the shared loop and print ``banner`` (formatted
+    with ``address`` and ``server``); stop it on SIGINT/SIGTERM, waiting up to ``grace + stop_timeout`` seconds
+    for ``stop`` (which may drain requests in flight first)."""
     import signal
 
     loop = shared_loop()
     loop.run(server.start())
-    print(banner.format(address=server.address), flush=True)
+    print(banner.format(address=server.address, server=server), flush=True)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -239,4 +264,4 @@ def serve_until_signalled(server, banner: str, grace: float = 2.0) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        loop.run(server.stop(grace), timeout=grace + 30)
+        loop.run(server.stop(grace), timeout=grace + stop_timeout)

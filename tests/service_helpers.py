@@ -26,6 +26,22 @@ class TinyStack:
         self.tok = load_tokenizer(self.model_dir)
 
 
+@contextlib.contextmanager
+def grpc_served(server):
+    """``server`` (a GenerationServer) started on the shared loop; yields ``(channel, GenerationService stub)``
+    and stops it on exit."""
+    import grpc
+
+    from stree.proto.stree.v1 import generation_pb2_grpc
+
+    shared_loop().run(server.start())
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            yield channel, generation_pb2_grpc.GenerationServiceStub(channel)
+    finally:
+        shared_loop().run(server.stop(0), 30)
+
+
 def wait_until(cond, timeout: float = 60.0) -> bool:
     """Poll ``cond`` every 50 ms until it holds or ``timeout`` passes; returns its last value."""
     end = time.monotonic() + timeout

@@ -62,6 +62,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ray-address", default="local",
                    help="'local' starts a private Ray instance, 'auto' joins the running cluster, or HOST:PORT")
     p.add_argument("--ray-num-cpus", type=int, default=2, help="CPUs of a 'local' Ray instance")
+    p.add_argument("--ray-node-ip", default="127.0.0.1",
+                   help="address every process of a 'local' Ray instance listens on (GCS, raylet, workers, "
+                        "agents; default 127.0.0.1: this machine only)")
     p.add_argument("--drafters", default="",
                    help="comma-separated drafters to start up front (others start on first use)")
     p.add_argument("--draft-model", default=None, type=model_folder_arg,
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-context and --max-sessions must be >= 1")
     limits = ServiceLimits(max_context_tokens=args.max_context, max_sessions=args.max_sessions,
                            max_sessions_per_client=min(256, args.max_sessions))
-    init_ray(args.ray_address, num_cpus=args.ray_num_cpus)
+    init_ray(args.ray_address, num_cpus=args.ray_num_cpus, node_ip=args.ray_node_ip)
     server = DrafterServer(
         port=args.port,
         bind=args.host,

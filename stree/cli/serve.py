@@ -1,5 +1,8 @@
 """``stree serve``: the GenerationService (gRPC) and, with ``--http-port``, the OpenAI-compatible HTTP API
-for a checkpoint, both on one continuously batched engine; drafting in-process or through a DrafterService."""
+for a checkpoint, both on one continuously batched engine; drafting in-process or through a DrafterService.
+
+On SIGTERM (or SIGINT) the server drains: it reports NOT_SERVING, refuses new requests (UNAVAILABLE / 503),
+lets requests in flight finish for up to ``--drain-timeout`` seconds, ends the rest with an error, then exits."""
 
 from __future__ import annotations
 
@@ -9,9 +12,7 @@ from pathlib import Path
 import torch
 
 from stree.cli.drafter_service import options_function, parse_options
-from stree.protocols.drafter import DraftBudget
-
-from stree.protocols.drafter import DEFAULT_BUDGET
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
 from stree.verifier.model.hub import ModelFolder, model_folder_arg
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
@@ -26,6 +27,7 @@ def build_server(args):
     from stree.verifier.model.treeflash import TreeFlashNet
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
     from stree.verifier.model.generation_settings import load_generation_settings
+    from stree.proto.rpc import api_key_from_env
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(args.model_dir, device=device, dtype=DTYPES[args.dtype])
@@ -54,8 +56,11 @@ def build_server(args):
         default_max_new_tokens=args.default_max_new_tokens, max_new_tokens=args.max_new_tokens_limit,
         max_prompt_chars=args.max_prompt_chars, max_num_samples=args.max_num_samples,
         max_streams_per_client=args.max_streams_per_client, prefill_chunk=args.prefill_chunk, budget=budget,
-        admit_hold_steps=args.admit_hold_steps,
+        admit_hold_steps=args.admit_hold_steps, max_prompt_bytes=args.max_prompt_bytes,
+        max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout, reserved_slots=args.reserved_slots,
     )
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes()) if args.tls_cert else None
@@ -63,7 +68,7 @@ def build_server(args):
         model, tokenizer, drafters, port=args.port, bind=args.host, limits=limits,
         model_name=_served_name(args), eos_id=settings.eos_token_ids,
         metrics_port=args.metrics_port, tls=tls, http_port=args.http_port, model_dir=args.model_dir,
-        api_key=api_key_from_env(args.api_key),
+        api_key=api_key_from_env(args.api_key), drain_timeout=args.drain_timeout,
     )
 
 
@@ -82,10 +87,10 @@ def run(args) -> int:
     server = build_server(args)
     banner = "stree serve: gRPC on {address}"
     if args.http_port is not None:
-        banner += f" and OpenAI-compatible HTTP on port {args.http_port} (/v1)"
+        banner += " and OpenAI-compatible HTTP on {server.http.address} (/v1)"
     if args.metrics_port is not None:
         banner += f" (metrics on :{args.metrics_port}/metrics)"
-    serve_until_signalled(server, banner)
+    serve_until_signalled(server, banner, stop_timeout=args.drain_timeout + 30)
     print("stree serve: stopped", flush=True)
     return 0
 
@@ -104,9 +109,13 @@ def add_parser(sub) -> None:
                    help="interface to listen on; 0.0.0.0 exposes the server to the network")
     p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default=None,
                    help="model id of the HTTP API and metrics label (default: the Hub id, or MODEL_DIR's folder name)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (or STREE_API_KEY)")
-    p.add_argument("--tls-cert", default=None, metavar="PEM", help="gRPC TLS certificate chain")
-    p.add_argument("--tls-key", default=None, metavar="PEM", help="gRPC TLS private key")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on HTTP /v1 and every gRPC method but health probes "
+                        "(default: $STREE_API_KEY)")
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help="TLS certificate chain (gRPC and HTTP)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="TLS private key (gRPC and HTTP)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds requests in flight may take to finish before they are ended")
     p.add_argument("--drafter", metavar="NAME|grpc://HOST:PORT/NAME",
                    help="default drafter: an in-process plugin name, 'none', or a DrafterService URL "
                         "(default: mamba with --draft-model, treeflash with a TreeFlash checkpoint, else ngram)")
@@ -125,9 +134,19 @@ def add_parser(sub) -> None:
     p.add_argument("--default-max-new-tokens", type=int, default=128, help="when a request sets none")
     p.add_argument("--max-new-tokens-limit", type=int, default=4096, help="largest max_new_tokens / max_tokens")
     p.add_argument("--max-prompt-chars", type=int, default=4_000_000, help="longest prompt text")
+    p.add_argument("--max-prompt-bytes", type=int, default=None,
+                   help="largest prompt text in UTF-8 bytes, refused before tokenizing (default: --max-seq-len "
+                        "x the bytes of the tokenizer's longest entry, at most 8)")
+    p.add_argument("--max-body-bytes", type=int, default=None,
+                   help="largest HTTP request body (default: room for the largest prompt, JSON-escaped)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds an HTTP request body may take to arrive (408 after)")
+    p.add_argument("--reserved-slots", type=int, default=None,
+                   help="engine slots kept for clients that run nothing yet, so a newcomer starts at once while "
+                        "others hold long generations (default: --max-sessions // 8; 0: none)")
     p.add_argument("--max-num-samples", type=int, default=4, help="largest OpenAI n")
     p.add_argument("--max-streams-per-client", type=int, default=16,
-                   help="concurrent HTTP generations per client address")
+                   help="generations one client address may have running or queued (gRPC and HTTP)")
     p.add_argument("--prefill-chunk", type=int, default=512,
                    help="prompt tokens prefilled between cancel checks")
     p.add_argument("--admit-hold-steps", type=int, default=ADMIT_HOLD_STEPS,

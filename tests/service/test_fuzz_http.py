@@ -25,7 +25,8 @@ LEAKS = ("Traceback", "Error(", ".py", "pid=", "ray::", "<class", "File \"", "si
 CLASS_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|\b(QueueFull|InvalidRequest|BadField|ServingCore)\b")
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 PATH = re.compile(r"(/[\w.-]+){2,}")
-ERROR_TYPES = {"BadRequestError", "AuthenticationError", "NotFoundError", "RateLimitError", "APIError"}
+ERROR_TYPES = {"BadRequestError", "AuthenticationError", "NotFoundError", "RateLimitError", "APIError",
+               "RequestTooLargeError"}
 LIMITS = ServerLimits(max_sessions=4, max_waiting=16, max_seq_len=64, default_max_new_tokens=2, max_new_tokens=8,
                       max_prompt_chars=256, max_num_samples=2)
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

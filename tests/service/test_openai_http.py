@@ -101,7 +101,7 @@ def test_models_health_metrics_and_n(stack):
     ({"model": "tiny", "prompt": "A", "logprobs": 2}, "logprobs"),
     ({"model": "tiny", "prompt": "A", "temperature": -1}, "temperature"),
     ({"model": "tiny", "prompt": "A", "max_tokens": 10**6}, "max_tokens"),
-    ({"model": "tiny", "prompt": ""}, None),
+    ({"model": "tiny", "prompt": ""}, "prompt"),
 ])
 def test_bad_bodies_get_openai_400s(stack, body, param):
     raw = body if isinstance(body, str) else json.dumps(body)

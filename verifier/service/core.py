@@ -1,9 +1,13 @@
 """What both front ends share: request checks, the one Engine + Scheduler, and a request's event stream.
 
-``ServingCore.prepare`` checks and tokenizes a ``GenSpec`` (on a worker thread, off the event loop),
-``ServingCore.stream`` submits it to the scheduler and yields ``Event``s (tokens, text, step stats),
-the last one finished with totals. Leaving the iterator early cancels the request, which frees its
-slot at the next step boundary.
+``ServingCore.prepare`` checks and tokenizes a ``GenSpec`` on a worker thread (the tokenizer's batch call
+releases the GIL, so a long prompt stalls neither the event loop nor the engine thread), after its size
+was checked against the byte cap. ``ServingCore.admit`` opens the drafter sessions and submits a request's
+jobs to the scheduler together, so a refusal (queue full, the client's cap, draining) comes before any
+byte of a response; each ``Generation`` then yields ``Event``s (tokens, text, step stats), the last one
+finished with totals. Leaving the iterator early cancels the request, which frees its slot at the next
+step boundary. Every submitted request is counted once in ``stree:request_success`` (``abort`` when the
+client left, ``error`` when it failed).
 """
 
 from __future__ import annotations
@@ -17,15 +21,23 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional
 
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter
+from stree.protocols.request_limits import (
+    FieldError,
+    check_prompt_ids,
+    check_prompt_size,
+    check_stop_ids,
+    log_field,
+    prompt_byte_limit,
+)
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Engine, Request
 from stree.verifier.decode.loop import device_offer
-from stree.verifier.service.client import StreamChunk as Event  # one streamed step, or the totals
+from stree.verifier.service.client import StreamChunk
 from stree.verifier.service.drafters import NO_DRAFTER, RemoteDrafters
 from stree.verifier.service.metrics import ServerMetrics
 from stree.verifier.service.remote_drafter import RemoteDrafter
-from stree.verifier.service.scheduler import QueueFull, Scheduler
+from stree.verifier.service.scheduler import QueueFull, Scheduler, ServedRequest
 from stree.verifier.service.text import TextStream
 
 log = logging.getLogger("stree.requests")
@@ -42,19 +54,35 @@ class ServerLimits:
     max_new_tokens: int = 4096
     max_prompt_chars: int = 4_000_000
     max_num_samples: int = 4  # OpenAI ``n``
-    max_streams_per_client: int = 16
+    max_streams_per_client: int = 16  # running + queued generations of one client address, gRPC and HTTP
     prefill_chunk: int = 512
     admit_hold_steps: int = ADMIT_HOLD_STEPS  # steps free slots may wait to batch queued prompts' prefills
     budget: DraftBudget = field(default_factory=lambda: DEFAULT_BUDGET)
+    max_prompt_bytes: Optional[int] = None  # None: max_seq_len x the longest token's bytes (at most 8)
+    max_body_bytes: Optional[int] = None  # HTTP request body; None: room for the largest prompt, JSON-escaped
+    body_timeout_s: float = 30.0  # an HTTP body must arrive within this
+    reserved_slots: Optional[int] = None  # slots kept for clients running nothing yet; None: max_sessions // 8
 
 
-class InvalidRequest(ValueError):
-    """A request the server refuses (INVALID_ARGUMENT / HTTP 400)."""
+class InvalidRequest(FieldError):
+    """A request the server refuses (INVALID_ARGUMENT / HTTP 400); ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(field, message)
+
+
+class Draining(Exception):
+    """The server is shutting down: it takes no new requests (UNAVAILABLE / HTTP 503)."""
+
+
+class DrafterBroken(Exception):
+    """A drafter plugin failed to open a session for reasons of its own (INTERNAL / HTTP 500)."""
 
 
 @dataclass
 class GenSpec:
-    """One generation as a front end asked for it (exactly one of ``prompt_text``/``prompt_ids``)."""
+    """One generation as a front end asked for it (exactly one of ``prompt_text``/``prompt_ids``), already
+    checked against ``protocols.request_limits`` by that front end; ``prompt_field`` is how it names the prompt."""
 
     prompt_text: Optional[str] = None
     prompt_ids: Optional[list[int]] = None
@@ -66,6 +94,7 @@ class GenSpec:
     drafter: str = ""
     ignore_eos: bool = False
     request_id: str = ""
+    prompt_field: str = "prompt"
 
 
 @dataclass
@@ -76,6 +105,16 @@ class Job:
     stop_ids: list[int]
     drafter_name: str
     drafter: Optional[Drafter]
+
+
+@dataclass
+class Event(StreamChunk):
+    """One streamed step (tokens, text, step stats), or the last one: ``finished`` with totals. A request the
+    server could not finish ends with ``finish_reason == "error"`` and ``error`` saying why (``retryable``:
+    the request was fine, the server shut down under it)."""
+
+    error: str = ""
+    retryable: bool = False
 
 
 class _RootOnly:
@@ -94,6 +133,15 @@ class _RootOnly:
         return None
 
 
+def longest_token_bytes(tokenizer) -> int:
+    """UTF-8 bytes of the tokenizer's longest vocabulary entry: no token covers more of a prompt (byte-level
+    entries spell one input byte per character; a metaspace is longer than the space it stands for)."""
+    if tokenizer is None:
+        return 1
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_vocab(with_added_tokens=True)),
+               default=1)
+
+
 class ServingCore:
     """The model, its tokenizer, the drafters, one Engine stepped by one Scheduler, and the metrics."""
 
@@ -106,11 +154,19 @@ class ServingCore:
         self.metrics = metrics
         # one EOS id or several (generation_config.json may list many)
         self.eos_ids = [] if eos_id is None else ([int(eos_id)] if isinstance(eos_id, int) else [int(e) for e in eos_id])
+        self.max_prompt_bytes = limits.max_prompt_bytes or prompt_byte_limit(limits.max_seq_len,
+                                                                             longest_token_bytes(tokenizer))
+        # a JSON string escapes a byte in at most 6 characters; ids take at most 12 ("4294967295, ")
+        self.max_body_bytes = limits.max_body_bytes or (6 * self.max_prompt_bytes + 12 * limits.max_seq_len
+                                                        + (1 << 16))
         self.engine, self.device_drafter_name = self._engine(cuda_graphs)
         self.engine.warm_up()  # every step graph captured before the first request (CUDA only)
-        self.scheduler = Scheduler(self.engine, limits.max_waiting)
+        reserved = limits.max_sessions // 8 if limits.reserved_slots is None else limits.reserved_slots
+        self.scheduler = Scheduler(self.engine, limits.max_waiting, limits.max_streams_per_client, reserved)
         self.executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="stree-prepare")
         self._ids = itertools.count(1)
+        self.draining = False
+        self.open_generations = 0  # Generations whose event stream has not ended yet
 
     def _engine(self, cuda_graphs):
         """Plain, device-drafter or host-drafter engine, from the server's default drafter."""
@@ -130,46 +186,43 @@ class ServingCore:
     # ----- checks ----------------------------------------------------------------------------
     def check(self, spec: GenSpec) -> Job:
         """Tokenize and check ``spec`` (blocking: call through ``prepare``)."""
-        lim = self.limits
+        lim, where = self.limits, spec.prompt_field
         if (spec.prompt_text is None) == (spec.prompt_ids is None):
-            raise InvalidRequest("the request has no prompt: set prompt_text or prompt_ids")
+            raise InvalidRequest("the request has no prompt: set prompt_text or prompt_ids", where)
+        vocab = self.model.vocab_size
         if spec.prompt_text is not None:
             if self.tokenizer is None:
-                raise InvalidRequest("this model has no tokenizer: send prompt_ids instead of prompt_text")
+                raise InvalidRequest("this model has no tokenizer: send prompt_ids instead of prompt_text", where)
             if len(spec.prompt_text) > lim.max_prompt_chars:
                 raise InvalidRequest(f"the prompt has {len(spec.prompt_text)} characters, over the server's "
-                                     f"limit of {lim.max_prompt_chars}")
-            prompt = self.tokenizer.encode(spec.prompt_text).ids
+                                     f"limit of {lim.max_prompt_chars}", where)
+            check_prompt_size(spec.prompt_text, self.max_prompt_bytes, where)
+            prompt = self.tokenizer.encode_batch([spec.prompt_text])[0].ids  # releases the GIL; encode does not
         else:
             prompt = list(spec.prompt_ids)
-        if not prompt:
-            raise InvalidRequest("the prompt is empty (it must have at least one token)")
-        vocab = self.model.vocab_size
-        if max(prompt) >= vocab or min(prompt) < 0:
-            raise InvalidRequest(f"prompt token id {max(prompt)} is outside the vocabulary of {vocab}")
+        check_prompt_ids(prompt, vocab, where)
         max_new = spec.max_new_tokens or lim.default_max_new_tokens
         if max_new < 1:
-            raise InvalidRequest(f"max_new_tokens must be >= 1, got {max_new}")
+            raise InvalidRequest(f"max_new_tokens must be >= 1, got {max_new}", "max_new_tokens")
         if max_new > lim.max_new_tokens:
-            raise InvalidRequest(f"max_new_tokens {max_new} is over the server's limit of {lim.max_new_tokens}")
+            raise InvalidRequest(f"max_new_tokens {max_new} is over the server's limit of {lim.max_new_tokens}",
+                                 "max_new_tokens")
         if len(prompt) + max_new > lim.max_seq_len:
             raise InvalidRequest(f"the prompt has {len(prompt)} tokens; with max_new_tokens {max_new} that is "
-                                 f"over the server's limit of {lim.max_seq_len} tokens")
+                                 f"over the server's limit of {lim.max_seq_len} tokens", where)
         if spec.stops and self.tokenizer is None:
-            raise InvalidRequest("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        if any(t >= vocab or t < 0 for t in spec.stop_ids):
-            raise InvalidRequest(f"a stop token id is outside the vocabulary of {vocab}")
+            raise InvalidRequest("stop strings need a tokenizer; this model has none (use stop_token_ids)", "stop")
+        stop_ids = check_stop_ids(spec.stop_ids, vocab)
         name = spec.drafter or self.drafters.default
         if self.device_drafter_name is not None and name not in (self.device_drafter_name, NO_DRAFTER):
             raise InvalidRequest(f"this server drafts with {self.device_drafter_name!r} on the device; "
-                                 f"drafter {name!r} cannot be chosen per request")
+                                 f"drafter {name!r} cannot be chosen per request", "drafter")
         drafter = None
         if self.device_drafter_name is None:
             try:
                 drafter = self.drafters.get(spec.drafter)
             except ValueError as exc:
-                raise InvalidRequest(str(exc)) from exc
-        stop_ids = list(spec.stop_ids)
+                raise InvalidRequest(str(exc), "drafter") from exc
         if not spec.ignore_eos:
             stop_ids += [e for e in self.eos_ids if e not in stop_ids]
         return Job(spec, prompt, max_new, stop_ids, name, drafter)
@@ -186,63 +239,156 @@ class ServingCore:
                 return job.drafter.open(job.prompt, job.spec.params, budget=budget)
             return job.drafter.open(job.prompt, job.spec.params)
         except ValueError as exc:
-            raise InvalidRequest(f"drafter {job.drafter_name!r}: {exc}") from exc
+            raise InvalidRequest(f"drafter {job.drafter_name!r}: {exc}", "drafter") from exc
+        except Exception:  # noqa: BLE001 - a plugin's own failure: logged here, a plain sentence for the client
+            log.exception("drafter %s failed to open a session", log_field(job.drafter_name))
+            raise DrafterBroken(f"drafter {job.drafter_name!r} failed to open a session "
+                                f"(the server log has the details)") from None
 
     async def prepare(self, spec: GenSpec) -> Job:
         """``check`` on a worker thread (tokenizing a long prompt must not stall other streams)."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, self.check, spec)
 
     # ----- generation ---------------------------------------------------------------------------
-    async def stream(self, job: Job) -> AsyncIterator[Event]:
-        """Run ``job`` in the batch; raises ``QueueFull`` when the server is at its bound."""
+    def _refuse(self, client: str, count: int) -> None:
+        if self.draining:
+            raise Draining("the server is shutting down and takes no new requests; retry on another replica")
+        refusal = self.scheduler.room_problem(client, count)
+        if refusal is not None:
+            raise refusal
+
+    async def admit(self, jobs: list[Job], client: str = "") -> list["Generation"]:
+        """Open each job's drafter session and submit all of them to the scheduler at once. Raises ``Draining``,
+        ``QueueFull`` (``ClientLimit`` for this client's cap) or ``DrafterBroken`` before anything is streamed."""
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        rid = job.spec.request_id or f"req-{next(self._ids)}"
-        session = await loop.run_in_executor(self.executor, self._open, job)
-        events: asyncio.Queue = asyncio.Queue()
-
-        def on_tokens(req: Request, got: list[int]) -> None:
-            snap = (list(got), req.steps, req.num_draft_tokens, req.num_accepted_draft_tokens,
-                    req.drafter_fallbacks, time.perf_counter())
-            loop.call_soon_threadsafe(events.put_nowait, snap)
-
-        def on_finish(req: Request) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, None)
-
-        req = Request(job.prompt, job.max_new_tokens, job.spec.params, frozenset(job.stop_ids), request_id=rid,
-                      drafter_session=session, on_tokens=on_tokens)
+        sessions: list = []
         try:
-            self.scheduler.submit(req, on_finish)
-        except QueueFull:
-            if session is not None:
-                session.close()
-            self.metrics.rejected.inc()
-            log.info("request_id=%s rejected: queue full", rid)
+            self._refuse(client, len(jobs))
+            for job in jobs:
+                sessions.append(await loop.run_in_executor(self.executor, self._open, job))
+            self._refuse(client, len(jobs))
+            gens = {}
+            for job, session in zip(jobs, sessions):
+                gen = Generation(self, job, session, client, loop)
+                gens[id(gen.req)] = gen
+            self.scheduler.submit([g.req for g in gens.values()], lambda req: gens[id(req)].on_finish())
+        except BaseException as exc:
+            for s in sessions:
+                if s is not None:
+                    s.close()
+            if isinstance(exc, (QueueFull, Draining)):
+                self.metrics.rejected.inc(len(jobs))
+                log.info("refused %d request(s) of client %s: %s", len(jobs), log_field(client), exc)
             raise
-        self.metrics.prompt_tokens.inc(len(job.prompt))
+        for g in gens.values():
+            g.queued()
         self._gauges()
-        log.info("request_id=%s queued prompt_tokens=%d max_new_tokens=%d drafter=%s", rid, len(job.prompt),
-                 job.max_new_tokens, job.drafter_name)
+        return list(gens.values())
+
+    async def stream(self, job: Job, client: str = "") -> AsyncIterator[Event]:
+        """``admit`` one job and yield its events (raises ``QueueFull`` when the server is at its bound)."""
+        (gen,) = await self.admit([job], client)
+        async for ev in gen.events():
+            yield ev
+
+    def _gauges(self) -> None:
+        self.metrics.running.set(self.scheduler.num_running)
+        self.metrics.waiting.set(self.scheduler.num_waiting)
+
+    def active_sessions(self) -> int:
+        return self.scheduler.num_live
+
+    # ----- shutdown ---------------------------------------------------------------------------------
+    async def drain(self, timeout: float) -> int:
+        """Stop admitting; let the requests in flight finish for up to ``timeout`` seconds, then end the rest
+        with a retryable error (their streams get it as their last event). Returns how many were ended so."""
+        self.draining = True
+        end = time.monotonic() + max(0.0, timeout)
+        while self.scheduler.num_live and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        ended = self.scheduler.end_all(f"the server shut down before this request finished (it waited "
+                                       f"{timeout:g} s for requests in flight); retry it", retryable=True)
+        flush = time.monotonic() + 10.0  # each ended stream sends its error event
+        while (self.scheduler.num_live or self.open_generations) and time.monotonic() < flush:
+            await asyncio.sleep(0.05)
+        if ended:
+            log.warning("drain: %d request(s) did not finish within %g s and were ended", ended, timeout)
+        return ended
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Generation:
+    """One admitted request: its engine request, and its events as an async iterator (``events``)."""
+
+    def __init__(self, core: ServingCore, job: Job, session, client: str, loop):
+        self.core, self.job, self.loop = core, job, loop
+        self.started = time.perf_counter()
+        self.rid = job.spec.request_id or f"req-{next(core._ids)}"
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.stopped_by_text = False
+        self.req = ServedRequest(job.prompt, job.max_new_tokens, job.spec.params, frozenset(job.stop_ids),
+                                 request_id=self.rid, drafter_session=session, on_tokens=self._on_tokens,
+                                 client=client)
+
+    def _on_tokens(self, req: Request, got: list[int]) -> None:  # on the scheduler thread
+        snap = (list(got), req.steps, req.num_draft_tokens, req.num_accepted_draft_tokens,
+                req.drafter_fallbacks, time.perf_counter())
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, snap)
+
+    def queued(self) -> None:
+        """Called once the scheduler took the request: the queued metrics and log line."""
+        core = self.core
+        core.metrics.prompt_tokens.inc(len(self.job.prompt))
+        log.info("request_id=%s client=%s queued prompt_tokens=%d max_new_tokens=%d drafter=%s",
+                 log_field(self.rid), log_field(self.req.client), len(self.job.prompt), self.job.max_new_tokens,
+                 log_field(self.job.drafter_name))
+
+    def on_finish(self) -> None:  # on the scheduler thread, once, after the request left the engine
+        self.loop.call_soon_threadsafe(self._finished)
+
+    def _finished(self) -> None:
+        self.core.metrics.success(self.reason())
+        self.queue.put_nowait(None)
+
+    def reason(self) -> str:
+        """The finish reason a client sees (and the metrics count): stop, length, abort or error."""
+        if self.stopped_by_text:
+            return "stop"
+        reason = self.req.finish_reason or "error"
+        return "abort" if reason == "cancelled" else reason
+
+    def cancel(self) -> None:
+        if not self.req.done:
+            self.core.scheduler.cancel(self.req)
+
+    async def events(self) -> AsyncIterator[Event]:
+        core = self.core
+        core.open_generations += 1
         try:
-            async for ev in self._events(job, req, events, started):
+            async for ev in self._events():
                 yield ev
         except Exception:
-            log.exception("request_id=%s failed", rid)
+            log.exception("request_id=%s failed", log_field(self.rid))
             raise
         finally:
-            if not req.done:
-                self.scheduler.cancel(req)
-                log.info("request_id=%s cancelled by the client", rid)
-            self._gauges()
+            core.open_generations -= 1
+            if not self.req.done:
+                core.scheduler.cancel(self.req)
+                log.info("request_id=%s cancelled by the client", log_field(self.rid))
+            core._gauges()
 
-    async def _events(self, job: Job, req: Request, events: asyncio.Queue, started: float):
-        m = self.metrics
-        text = TextStream(self.tokenizer, job.spec.stops)
+    async def _events(self):
+        job, req, m = self.job, self.req, self.core.metrics
+        text = TextStream(self.core.tokenizer, job.spec.stops)
         out: list[int] = []
         prev = (0, 0, 0, 0)
-        last_t, first_t, reason = started, None, None
+        started = self.started
+        last_t, first_t = started, None
         while True:
-            snap = await events.get()
+            snap = await self.queue.get()
             if snap is None:
                 break
             got, steps, drafted, accepted, fallbacks, t = snap
@@ -250,13 +396,13 @@ class ServingCore:
                 first_t = t
                 m.ttft.observe(t - started)
                 m.queue_time.observe(max(0.0, t - started - req.prefill_s))
-                self._gauges()
+                self.core._gauges()
             else:
                 m.itl.observe((t - last_t) / len(got))
             d_steps, d_drafted, d_acc, d_fb = (steps - prev[0], drafted - prev[1], accepted - prev[2],
                                                fallbacks - prev[3])
             prev = (steps, drafted, accepted, fallbacks)
-            self._count(job, d_drafted, d_acc, d_fb, got)
+            self._count(d_drafted, d_acc, d_fb, got)
             step = {"step": steps, "draft_nodes": d_drafted // max(d_steps, 1) + 1, "accepted": d_acc,
                     "fallback": d_fb > 0, "step_seconds": t - last_t}
             last_t = t
@@ -266,38 +412,40 @@ class ServingCore:
                 keep = text.tokens_through_stop(out)
                 got = got[: max(0, len(got) - (len(out) - len(keep)))]
                 out = keep
-                reason = "stop"
-                self.scheduler.cancel(req)
+                self.stopped_by_text = True
+                self.core.scheduler.cancel(req)
                 yield Event(got, delta, step)
                 break
             yield Event(got, delta, step)
         total = time.perf_counter() - started
-        reason = reason or req.finish_reason or "error"
-        if reason == "cancelled":
-            reason = "abort"
+        reason = self.reason()
         tail = "" if text.stopped else text.update(out, final=True)
         ttft = (first_t - started) if first_t else total
         n = len(out)
         if n > 1:
             m.tpot.observe((last_t - first_t) / (n - 1))
         m.e2e.observe(total)
-        m.success(reason)
         m.accepted_at(req.accepted_per_pos)
+        core = self.core
         stats = {
             "prompt_tokens": len(job.prompt), "generated_tokens": n, "steps": req.steps,
             "mean_accepted_length": n / req.steps if req.steps else 0.0,
             "draft_tokens": req.num_draft_tokens, "accepted_draft_tokens": req.num_accepted_draft_tokens,
             "fallbacks": req.drafter_fallbacks, "time_to_first_token_s": ttft, "total_s": total,
             "tokens_per_s": n / total if total > 0 else 0.0,
-            "drafter": job.drafter_name if (job.drafter is not None or self.device_drafter_name) else NO_DRAFTER,
+            "drafter": job.drafter_name if (job.drafter is not None or core.device_drafter_name) else NO_DRAFTER,
         }
         log.info("request_id=%s finished reason=%s generated_tokens=%d steps=%d accepted=%d total_s=%.3f",
-                 req.request_id, reason, n, req.steps, req.num_accepted_draft_tokens, total)
-        yield Event([], tail, {}, finished=True, finish_reason=reason, stats=stats)
+                 log_field(self.rid), reason, n, req.steps, req.num_accepted_draft_tokens, total)
+        error = ""
+        if reason == "error":
+            error = req.error_message or "this request failed in the engine (the server log has the details)"
+        yield Event([], tail, {}, finished=True, finish_reason=reason, stats=stats, error=error,
+                    retryable=req.retryable)
 
-    def _count(self, job: Job, drafted: int, accepted: int, fallbacks: int, emitted: list) -> None:
-        m = self.metrics
-        if drafted or job.drafter is not None or self.device_drafter_name:
+    def _count(self, drafted: int, accepted: int, fallbacks: int, emitted: list) -> None:
+        m, core = self.core.metrics, self.core
+        if drafted or self.job.drafter is not None or core.device_drafter_name:
             m.drafts.inc()
             m.drafted.inc(drafted)
             m.accepted.inc(accepted)
@@ -306,14 +454,3 @@ class ServingCore:
         m.generation_tokens.inc(len(emitted))
         if emitted:
             m.accept_len.observe(len(emitted))
-
-    def _gauges(self) -> None:
-        self.metrics.running.set(self.scheduler.num_running)
-        self.metrics.waiting.set(self.scheduler.num_waiting)
-
-    def active_sessions(self) -> int:
-        return self.scheduler.num_live
-
-    def close(self) -> None:
-        self.scheduler.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)

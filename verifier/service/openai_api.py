@@ -1,19 +1,26 @@
 """The OpenAI-compatible HTTP API (Starlette) on the shared serving core.
 
 ``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``), ``/v1/models``, ``/health``,
-``/metrics``. Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
-``usage`` carries the request's speculative stats (``drafted``, ``accepted``, ``mean_accepted_length``).
+``/metrics``. Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, with no
+class names or paths in them. ``usage`` carries the request's speculative stats (``drafted``, ``accepted``,
+``mean_accepted_length``).
+
+A body is read up to the server's byte cap (413 past it) within ``body_timeout_s`` (408 after it), before
+anything is parsed. Every choice of a request is admitted before the response starts, so a full queue,
+the client's cap (both 429) or a draining server (503) is a status code, never bytes inside a stream. A
+stream the server cannot finish ends with an error event, then ``[DONE]``. ``/health`` answers 503
+(``draining``) once shutdown began.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
+import logging
 import secrets
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -21,19 +28,49 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from stree.protocols.request_limits import FieldError, shorten
 from stree.verifier.service.chat_template import ChatTemplate, ChatTemplateError
-from stree.verifier.service.core import GenSpec, InvalidRequest, ServingCore
-from stree.verifier.service.openai_schema import ApiRequest, BadField, parse
+from stree.verifier.service.core import DrafterBroken, Draining, GenSpec, ServingCore
+from stree.verifier.service.openai_schema import ApiRequest, parse
 from stree.verifier.service.scheduler import QueueFull
 
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-               429: "RateLimitError", 500: "InternalServerError"}
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError",
+               413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+               503: "ServiceUnavailableError"}
 
 
-def error(status: int, message: str, param: Optional[str] = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": param,
+def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": param,
                       "code": status}}
-    return JSONResponse(body, status_code=status)
+
+
+def error(status: int, message: str, param: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+class HttpRefusal(Exception):
+    """A request refused with ``status`` before its body was parsed (too large, too slow)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class _Stream(StreamingResponse):
+    """An SSE response that runs ``on_close`` however it ends, even when the client left before its first byte
+    (the body iterator then never starts, and its own cleanup would never run)."""
+
+    def __init__(self, content, on_close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 class OpenAIApp:
@@ -46,20 +83,23 @@ class OpenAIApp:
         self.template = chat_template
         self.api_key = api_key
         self.created = int(time.time())
-        self.streams_per_client: collections.Counter = collections.Counter()
         self.app = Starlette(routes=[
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
-        ], exception_handlers={404: self._not_found, 405: self._not_allowed})
+        ], exception_handlers={404: self._not_found, 405: self._not_allowed, Exception: self._internal})
 
     async def _not_found(self, request, exc):
-        return error(404, f"no route {request.url.path}")
+        return error(404, f"no route {shorten(request.url.path)}")
 
     async def _not_allowed(self, request, exc):
-        return error(405, f"{request.method} is not allowed on {request.url.path}")
+        return error(405, f"{shorten(request.method)} is not allowed on {shorten(request.url.path)}")
+
+    async def _internal(self, request, exc):
+        log.error("internal error on %s", request.url.path, exc_info=exc)
+        return error(500, "internal error (the server log has the details)")
 
     def _unauthorized(self, request: Request) -> Optional[JSONResponse]:
         if self.api_key is None:
@@ -71,6 +111,8 @@ class OpenAIApp:
 
     # ----- plain routes ------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
+        if self.core.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return Response(status_code=200)
 
     async def metrics(self, request: Request) -> Response:
@@ -91,40 +133,69 @@ class OpenAIApp:
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
+    async def _body(self, request: Request) -> bytes:
+        """The request body, at most ``max_body_bytes``, arrived within ``body_timeout_s``."""
+        cap, timeout = self.core.max_body_bytes, self.core.limits.body_timeout_s
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
+            raise HttpRefusal(413, f"the request body has {declared} bytes, over the server's limit of {cap}")
+        chunks, size = [], 0
+
+        async def read() -> None:
+            nonlocal size
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise HttpRefusal(413, f"the request body is over the server's limit of {cap} bytes")
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), timeout)
+        except asyncio.TimeoutError:
+            raise HttpRefusal(408, f"the request body did not arrive within {timeout:g} s") from None
+        return b"".join(chunks)
+
     async def _generate(self, request: Request, chat: bool) -> Response:
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
         try:
-            body = json.loads(await request.body())
+            raw = await self._body(request)
+        except HttpRefusal as exc:  # and close the connection: the server would otherwise read the rest
+            return error(exc.status, str(exc), headers={"connection": "close"})
+        try:
+            body = json.loads(raw)
         except RecursionError:
             return error(400, "the body is not valid JSON: it is nested too deeply")
         except ValueError as exc:
             return error(400, f"the body is not valid JSON: {exc}")
+        client = request.client.host if request.client else "?"
         try:
             api = parse(body, chat, {self.model_id}, self.core.limits)
-            jobs = await self._jobs(api)
-        except BadField as exc:
-            return error(400, str(exc), exc.param)
-        except (InvalidRequest, ChatTemplateError) as exc:
-            return error(400, str(exc), "messages" if isinstance(exc, ChatTemplateError) else None)
-        client = request.client.host if request.client else "?"
-        limit = self.core.limits.max_streams_per_client
-        if self.streams_per_client[client] + len(jobs) > limit:
-            return error(429, f"this client already has {self.streams_per_client[client]} generations "
-                              f"running; the limit is {limit}")
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        if api.stream:
-            return StreamingResponse(self._sse(api, jobs, rid, chat, client), media_type="text/event-stream")
-        self.streams_per_client[client] += len(jobs)
-        try:
-            results = await self._run_unary(request, jobs)
+            gens = await self.core.admit(await self._jobs(api), client)
+        except FieldError as exc:
+            return error(400, str(exc), exc.field)
+        except ChatTemplateError as exc:
+            return error(400, str(exc), "messages")
         except QueueFull as exc:
             return error(429, str(exc))
+        except Draining as exc:
+            return error(503, str(exc))
+        except DrafterBroken as exc:
+            return error(500, str(exc))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if api.stream:
+            return _Stream(self._sse(api, gens, rid, chat), on_close=lambda: [g.cancel() for g in gens])
+        try:
+            results = await self._run_unary(request, gens)
         finally:
-            self._leave(client, len(jobs))
+            for g in gens:
+                g.cancel()
         if results is None:  # the client went away
             return Response(status_code=499)
+        failed = next((r for r in results if r["finish_reason"] == "error"), None)
+        if failed is not None:
+            return error(503 if failed["retryable"] else 500, failed["error"])
         return JSONResponse(self._unary_body(api, results, rid, chat))
 
     async def _jobs(self, api: ApiRequest) -> list:
@@ -132,30 +203,28 @@ class OpenAIApp:
             loop = asyncio.get_running_loop()
             text = await loop.run_in_executor(self.core.executor, self.template.render, api.messages,
                                               api.add_generation_prompt)
+            field = "messages"
         else:
-            text = api.prompt_text
+            text, field = api.prompt_text, "prompt"
         spec = GenSpec(prompt_text=text, prompt_ids=api.prompt_ids, max_new_tokens=api.max_tokens,
                        params=api.params, stops=api.stops, stop_ids=api.stop_ids, drafter=api.drafter,
-                       ignore_eos=api.ignore_eos)
+                       ignore_eos=api.ignore_eos, prompt_field=field)
         job = await self.core.prepare(spec)
         return [job] * api.n
 
-    def _leave(self, client: str, k: int) -> None:
-        self.streams_per_client[client] -= k
-        if self.streams_per_client[client] <= 0:
-            del self.streams_per_client[client]
-
-    async def _collect(self, job) -> dict:
+    @staticmethod
+    async def _collect(gen) -> dict:
         ids, text, last = [], [], None
-        async for ev in self.core.stream(job):
+        async for ev in gen.events():
             ids += ev.token_ids
             text.append(ev.text)
             last = ev
-        return {"token_ids": ids, "text": "".join(text), "finish_reason": last.finish_reason, "stats": last.stats}
+        return {"token_ids": ids, "text": "".join(text), "finish_reason": last.finish_reason, "stats": last.stats,
+                "error": last.error, "retryable": last.retryable}
 
-    async def _run_unary(self, request: Request, jobs: list) -> Optional[list]:
+    async def _run_unary(self, request: Request, gens: list) -> Optional[list]:
         """All choices; None (everything cancelled) when the client disconnects first."""
-        tasks = [asyncio.ensure_future(self._collect(j)) for j in jobs]
+        tasks = [asyncio.ensure_future(self._collect(g)) for g in gens]
         gathered = asyncio.gather(*tasks)
         try:
             while True:
@@ -213,46 +282,51 @@ class OpenAIApp:
                 "created": int(time.time()), "model": self.model_id, "choices": [choice]}
         return f"data: {json.dumps(body)}\n\n"
 
-    async def _sse(self, api: ApiRequest, jobs: list, rid: str, chat: bool, client: str):
-        """One SSE stream for all ``n`` choices; leaving early (disconnect) cancels every one."""
-        self.streams_per_client[client] += len(jobs)
+    async def _sse(self, api: ApiRequest, gens: list, rid: str, chat: bool):
+        """One SSE stream for all ``n`` choices; leaving early (disconnect) cancels every one. A choice the server
+        cannot finish sends an error event (OpenAI's error shape) in place of its last chunk."""
         merged: asyncio.Queue = asyncio.Queue()
 
-        async def pump(index: int, job) -> None:
+        async def pump(index: int, gen) -> None:
             try:
-                async for ev in self.core.stream(job):
+                async for ev in gen.events():
                     await merged.put((index, ev))
-            except QueueFull as exc:
-                await merged.put((index, exc))
             finally:
                 await merged.put((index, None))
 
-        tasks = [asyncio.ensure_future(pump(i, j)) for i, j in enumerate(jobs)]
-        stats, first, open_ = [], set(), len(jobs)
+        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
         try:
-            while open_:
-                index, ev = await merged.get()
-                if ev is None:
-                    open_ -= 1
-                    continue
-                if isinstance(ev, QueueFull):
-                    err = {"error": {"message": str(ev), "type": "RateLimitError", "param": None, "code": 429}}
-                    yield f"data: {json.dumps(err)}\n\n"
-                    continue
-                finish = self._finish(ev.finish_reason) if ev.finished else None
-                if ev.finished:
-                    stats.append(ev.stats)
-                if ev.text or ev.token_ids or finish or index not in first:
-                    yield self._chunk(rid, chat, index, ev.text, ev.token_ids, finish, index not in first)
-                    first.add(index)
-            if api.include_usage:
-                body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                        "created": int(time.time()), "model": self.model_id, "choices": [],
-                        "usage": self._usage(stats)}
-                yield f"data: {json.dumps(body)}\n\n"
+            async for event in self._sse_events(api, merged, len(gens), rid, chat):
+                yield event
+        except Exception:  # noqa: BLE001 - a bug of ours: the log has it, the client an error event
+            log.exception("%s failed while streaming", rid)
+            yield f"data: {json.dumps(error_body(500, 'internal error while generating (the server log has it)'))}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._leave(client, len(jobs))
+
+    async def _sse_events(self, api: ApiRequest, merged: asyncio.Queue, open_: int, rid: str, chat: bool):
+        """The SSE lines of ``open_`` choices whose events arrive on ``merged`` (``None``: that choice ended)."""
+        stats, first = [], set()
+        while open_:
+            index, ev = await merged.get()
+            if ev is None:
+                open_ -= 1
+                continue
+            if ev.finished and ev.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(503 if ev.retryable else 500, ev.error))}\n\n"
+                continue
+            finish = self._finish(ev.finish_reason) if ev.finished else None
+            if ev.finished:
+                stats.append(ev.stats)
+            if ev.text or ev.token_ids or finish or index not in first:
+                yield self._chunk(rid, chat, index, ev.text, ev.token_ids, finish, index not in first)
+                first.add(index)
+        if api.include_usage:
+            body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": int(time.time()), "model": self.model_id, "choices": [],
+                    "usage": self._usage(stats)}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"

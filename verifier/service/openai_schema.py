@@ -1,7 +1,9 @@
 """OpenAI request bodies -> checked generation parameters; every refusal names its field.
 
+JSON types are checked here; the bounds are ``protocols.request_limits`` (the ones the gRPC API checks too).
 Unknown fields are refused (a silently ignored option would change what the client gets), and so
-are options this server does not implement (logprobs, penalties, echo, best_of, tools).
+are options this server does not implement (logprobs, penalties, echo, best_of, tools). A refusal
+repeats at most ``MAX_ECHO_CHARS`` characters of what the client sent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from stree.protocols.request_limits import (
+    FieldError,
+    check_drafter_name,
+    check_sampling,
+    check_stops,
+    check_text,
+    shorten,
+)
 from stree.protocols.sampling import SamplingParams
 from stree.verifier.service.core import ServerLimits
 
@@ -19,17 +29,14 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                         "response_format", "add_generation_prompt", "parallel_tool_calls"}
-MAX_STOPS = 8
-MAX_STOP_CHARS = 256
-MAX_TOP_K = 2**32 - 1  # the gRPC wire's uint32; the engine keeps top_k in int64 tensors, which 2**63 overflows
 
 
-class BadField(ValueError):
+class BadField(FieldError):
     """A 400: ``param`` is the offending field."""
 
-    def __init__(self, param: Optional[str], message: str):
-        super().__init__(message)
-        self.param = param
+    @property
+    def param(self) -> Optional[str]:
+        return self.field
 
 
 @dataclass
@@ -57,7 +64,8 @@ def _number(body: dict, key: str, default, kind=float, low=None, high=None):
         return default
     finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))  # JSON allows NaN, inf
     if isinstance(value, bool) or not finite or (kind is int and int(value) != value):
-        raise BadField(key, f"'{key}' must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
+        raise BadField(key, f"'{key}' must be {'an integer' if kind is int else 'a finite number'}, "
+                            f"got {shorten(value)}")
     if low is not None and value < low:
         raise BadField(key, f"'{key}' must be >= {low}, got {value}")
     if high is not None and value > high:
@@ -73,7 +81,7 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadField(key, f"'{key}' must be true or false, got {value!r}")
+        raise BadField(key, f"'{key}' must be true or false, got {shorten(value)}")
     return value
 
 
@@ -107,11 +115,17 @@ def _stops(body: dict) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadField("stop", "'stop' must be a string or a list of strings")
-    if len(stops) > MAX_STOPS:
-        raise BadField("stop", f"'stop' has {len(stops)} strings, over the limit of {MAX_STOPS}")
-    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        raise BadField("stop", f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
-    return stops
+    try:
+        return check_stops(stops, "stop")
+    except FieldError as exc:
+        raise BadField("stop", str(exc)) from None
+
+
+def _text(value: str, param: str) -> str:
+    try:
+        return check_text(value, param)
+    except FieldError as exc:
+        raise BadField(param, str(exc)) from None
 
 
 def _prompt(body: dict, req: ApiRequest) -> None:
@@ -119,7 +133,7 @@ def _prompt(body: dict, req: ApiRequest) -> None:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # one prompt in a batch of one
     if isinstance(prompt, str):
-        req.prompt_text = prompt
+        req.prompt_text = _text(prompt, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                      for t in prompt):
         req.prompt_ids = list(prompt)
@@ -137,6 +151,7 @@ def _messages(body: dict, req: ApiRequest) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadField(f"messages[{i}]", f"messages[{i}] must be an object with a 'role'")
+        _text(m["role"], f"messages[{i}].role")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
@@ -144,7 +159,7 @@ def _messages(body: dict, req: ApiRequest) -> None:
             content = "".join(str(p.get("text", "")) for p in content)
         if content is not None and not isinstance(content, str):
             raise BadField(f"messages[{i}].content", f"messages[{i}].content must be a string")
-        out.append({**m, "content": content or ""})
+        out.append({**m, "content": _text(content or "", f"messages[{i}].content")})
     req.messages = out
     req.add_generation_prompt = _flag(body, "add_generation_prompt", True)
 
@@ -156,27 +171,24 @@ def parse(body, chat: bool, models: set[str], limits: ServerLimits) -> ApiReques
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise BadField(unknown[0], f"unknown field '{unknown[0]}'")
+        name = shorten(unknown[0])[1:-1]
+        raise BadField(name, f"unknown field '{name}'")
     model = body.get("model")
     if not isinstance(model, str) or model not in models:
-        raise BadField("model", f"the model {model!r} does not exist; this server serves {sorted(models)}")
+        raise BadField("model", f"the model {shorten(model)} does not exist; this server serves {sorted(models)}")
     _refuse_unsupported(body)
     req = ApiRequest(model=model)
     (_messages if chat else _prompt)(body, req)
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     req.max_tokens = _number(body, key, 0, int, 1, limits.max_new_tokens)
+    temperature = _number(body, "temperature", 1.0, float)
+    top_p = _number(body, "top_p", 1.0, float)
+    top_k = _number(body, "top_k", 0, int) if body.get("top_k") != -1 else 0  # vLLM's -1: off
+    seed = _number(body, "seed", None, int)
     try:
-        req.params = SamplingParams(
-            temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0, float),
-            top_k=_number(body, "top_k", 0, int, -1, MAX_TOP_K) if body.get("top_k") != -1 else 0,
-            seed=_number(body, "seed", None, int, -(2**63), 2**64 - 1) if body.get("seed") is not None else None,
-        )
-    except ValueError as exc:
-        if isinstance(exc, BadField):
-            raise
-        field_name = str(exc).split(" ", 1)[0]
-        raise BadField(field_name, str(exc)) from exc
+        req.params = check_sampling(temperature, top_k, top_p, seed)
+    except FieldError as exc:
+        raise BadField(exc.field, str(exc)) from None
     req.n = _number(body, "n", 1, int, 1, limits.max_num_samples)
     req.stream = _flag(body, "stream")
     opts = body.get("stream_options")
@@ -195,7 +207,10 @@ def parse(body, chat: bool, models: set[str], limits: ServerLimits) -> ApiReques
     drafter = body.get("drafter", "")
     if not isinstance(drafter, str):
         raise BadField("drafter", "'drafter' must be a drafter name")
-    req.drafter = drafter
+    try:
+        req.drafter = check_drafter_name(drafter)
+    except FieldError as exc:
+        raise BadField("drafter", str(exc)) from None
     user = body.get("user", "")
     req.user = user if isinstance(user, str) else ""
     return req

@@ -187,7 +187,8 @@ class RemoteDrafterSession:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _REJECTED:
                 self.close()
-                raise ValueError(f"drafter service {self.remote.address} rejected the session: {exc.details()}") from exc
+                log.info("drafter service %s rejected the session: %s", self.remote.address, exc.details())
+                raise ValueError(f"the drafter service rejected the session: {exc.details()}") from exc
             log.warning("drafter service %s unavailable (%s); drafting will retry", self.remote.address, exc.details())
         except DraftUnavailable as exc:
             log.warning("drafter service %s: %s; drafting will retry", self.remote.address, exc)
