@@ -1,11 +1,11 @@
 """A step that fails because of one request must fail that request only (a real gRPC server on loopback).
 
-The failure is forced by a model hook: the target's plain step raises while a running row samples with
-``top_k == POISON_TOP_K`` (a valid value no other request uses), as a device fault tied to one sequence
-would. Whatever the engine does about it, the service side holds: a request the engine ended with an
-error gets INTERNAL with a plain sentence (never OK with ``finish_reason`` "error", as it did), and the
-server keeps serving. That only the culprit fails while its bystanders finish exact needs the engine to
-find and abort the rows that caused a failed step, which it does not yet do.
+The failure is forced by a model hook: the target's tree pass raises while a running row samples with
+``top_k == POISON_TOP_K`` (a valid value no other request uses), as a device fault tied to one sequence would.
+The server drafts on the device (the model drafts for itself), so every step is a tree pass, and the failure
+comes before the step moved any state: the engine runs the step again with one sequence at a time set aside,
+ends the one that makes it fail, and the others take their step. A request the engine ended with an error
+gets INTERNAL with a plain sentence (never OK with ``finish_reason`` "error"), and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from service_helpers import TinyStack, grpc_served, wait_until
 from stree.proto.stree.v1 import common_pb2, generation_pb2
 from stree.verifier.decode.loop import generate
+from stree.verifier.service.drafters import EmbeddedDrafters
 from stree.verifier.service.server import GenerationServer, ServerLimits
 
 POISON_TOP_K = 13
@@ -26,16 +27,15 @@ PROMPTS = [[(5 * i + k) % 60 + 1 for k in range(3 + i)] for i in range(6)]
 
 
 def poison(model, engine_of):
-    """Make ``model``'s plain step raise while a running row of ``engine_of()`` has top_k == POISON_TOP_K."""
+    """Make ``model``'s tree pass raise while a running row of ``engine_of()`` has top_k == POISON_TOP_K."""
     base = type(model)
 
     class Poisoned(base):
-        def step(self, roots, state, *args, **kwargs):
-            engine = engine_of()
-            running = ~engine.idle
-            if bool((running & (engine.sampling.top_k == POISON_TOP_K)).any()):
+        def tree_forward(self, *args, **kwargs):
+            program = engine_of().program
+            if bool((~program.idle & (program.sampling.top_k == POISON_TOP_K)).any()):
                 raise RuntimeError("device fault in the row with top_k 13")
-            return base.step(self, roots, state, *args, **kwargs)
+            return base.tree_forward(self, *args, **kwargs)
 
     model.__class__ = Poisoned
     return model
@@ -46,7 +46,9 @@ def stack(tmp_path_factory):
     s = TinyStack(tmp_path_factory.mktemp("m"), seed=31, n_layer=1)
     s.want = generate(s.model, PROMPTS, max_new_tokens=N_NEW)  # before the hook: the plain greedy outputs
     s.want = [o.token_ids for o in s.want]
-    s.server = GenerationServer(s.model, s.tok, limits=ServerLimits(max_sessions=8, max_seq_len=4096))
+    s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("mamba", draft_model=s.model,
+                                                                  options={"tree": "chain:2"}),
+                                limits=ServerLimits(max_sessions=8, max_seq_len=4096))
     poison(s.model, lambda: s.server.core.engine)
     with grpc_served(s.server) as (s.channel, s.stub):
         yield s
@@ -89,7 +91,7 @@ def _run_with_culprit(stack, bystanders: int) -> tuple[dict, tuple]:
 
 def test_a_request_the_engine_fails_ends_internal_never_ok(stack):
     results, culprit = _run_with_culprit(stack, 2)
-    assert culprit[0] == grpc.StatusCode.INTERNAL and "engine step failed" in culprit[1], culprit
+    assert culprit[0] == grpc.StatusCode.INTERNAL and "step failed" in culprit[1], culprit
     for i, (code, details, tokens) in results.items():
         if code == grpc.StatusCode.OK:
             assert tokens == stack.want[i]
@@ -100,7 +102,6 @@ def test_a_request_the_engine_fails_ends_internal_never_ok(stack):
     assert list(out.token_ids) == stack.want[0][:8]
 
 
-@pytest.mark.xfail(reason="engine isolation lands with the engine refactor", strict=True)
 def test_only_the_culprit_fails_and_six_bystanders_finish_exact(stack):
     results, culprit = _run_with_culprit(stack, 6)
     assert culprit[0] == grpc.StatusCode.INTERNAL, culprit
