@@ -37,6 +37,7 @@ from stree.training.loop import run_phase
 from stree.training.model_shape import Shape, make_model
 from stree.training.losses import draft_stats, linear_kl
 from stree.training.run_settings import RunSettings, autocast, compact_copy, dir_bytes, phase_log, save_compact
+from stree.training.ssd import ssd_backend
 from stree.training.treeflash import plot_treeflash, treeflash_phase
 
 KINDS = ("mamba", "treeflash")
@@ -261,7 +262,8 @@ def train_drafter(cfg: DrafterConfig, env: DistEnv | None = None) -> dict:
     log = {"config": asdict(cfg), "kind": cfg.kind, "target": str(cfg.target), "data": data,
            "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
            "gpus": env.world_size if env.device.type == "cuda" else 0, "processes": env.world_size,
-           "params": params, "target_params": sum(p.numel() for p in target.parameters()), **phase}
+           "ssd": ssd_backend(env.device), "params": params,
+           "target_params": sum(p.numel() for p in target.parameters()), **phase}
     if env.is_main:
         if cfg.kind == "mamba":
             save_compact(draft, out)

@@ -4,9 +4,11 @@ A Mamba2 block whose mixer is a plain ``Mamba2Mixer`` runs as three pieces: ``ma
 in_proj, causal depthwise conv, SiLU), the SSD (``training.ssd.ssd_train``: mamba_ssm's chunked Triton kernels
 where installed) and ``mamba_out`` (D skip, gated RMSNorm, out_proj). The two pieces around the SSD are plain
 functions of tensors, so ``torch.compile`` (``compile=True``) fuses their elementwise work once for every layer of
-one shape. Every other block (attention, MLP/MoE layers, the Hugging Face families' composite mixers) runs its
-module's own forward, which is differentiable through the PyTorch references (``stree.kernels.backend``).
-The LM head is left to the loss (``training.losses``), which never materialises every position's logits at once.
+one shape; uncompiled on CUDA, the gated RMSNorm is mamba_ssm's Triton kernel (forward and backward, keeping only
+its inputs for the backward pass) where installed. Every other block (attention, MLP/MoE layers, the Hugging Face
+families' composite mixers) runs its module's own forward, which is differentiable through the PyTorch
+references (``stree.kernels.backend``). The LM head is left to the loss (``training.losses``), which never
+materialises every position's logits at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from stree.kernels.mamba_ssm_import import mamba_ssm_attr
 from stree.verifier.model.lm import Block, StreeLM
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer
 
@@ -104,14 +107,18 @@ def mamba_out(y, x, z, z0, x0, D, gnorm_w, out_w, out_b, dims: MambaDims):
 
 
 class TrainForward:
-    """``final_hidden(ids)`` for one model, its pieces optionally compiled and its blocks optionally recomputed in
-    the backward pass (activation checkpointing: less memory, a third more compute)."""
+    """The final-norm hidden states of one model (call it on ids), its pieces optionally compiled and its blocks
+    optionally recomputed in the backward pass (activation checkpointing: less memory, a third more compute).
+    ``use_kernel=False`` keeps mamba_ssm's kernels out (the PyTorch path everywhere)."""
 
     def __init__(self, model: StreeLM, compile: bool = False, recompute: bool = False, use_kernel: bool = True):
         self.model, self.recompute, self.use_kernel = model, recompute, use_kernel
         self.pre, self.post = mamba_in, mamba_out
+        self.gated_norm = None  # mamba_ssm's gated RMSNorm kernel (eager CUDA runs only)
         if compile:
             self.pre, self.post = torch.compile(mamba_in, dynamic=False), torch.compile(mamba_out, dynamic=False)
+        elif use_kernel:
+            self.gated_norm = mamba_ssm_attr("ops.triton.layernorm_gated", "rmsnorm_fn")
         self.dims = {i: MambaDims.of(b) for i, b in enumerate(model.backbone.layers) if fast_mamba(b)}
 
     def _mamba_block(self, block: Block, dims: MambaDims, hidden, residual):
@@ -121,8 +128,15 @@ class TrainForward:
         D = m.D if not m.D_has_hdim else torch.zeros(m.nheads, device=x.device)
         A = -torch.exp(m.A_log.float())
         y = ssd_train(x, dt_raw, A, Bm, Cm, D, m.dt_bias, m.dt_limit, self.use_kernel)
-        gnorm_w = m.norm.weight if m.rmsnorm else None
-        out = self.post(y, x, z, z0, x0, m.D, gnorm_w, m.out_proj.weight, m.out_proj.bias, dims)
+        if self.gated_norm is not None and y.is_cuda and dims.rmsnorm and not dims.D_has_hdim and not dims.d_mlp:
+            b, t = y.shape[:2]
+            y = self.gated_norm(y.reshape(b, t, dims.d_ssm), m.norm.weight, None, z=z, eps=dims.gnorm_eps,
+                                group_size=dims.group_size, norm_before_gate=dims.norm_before_gate)
+            out = F.linear(y, m.out_proj.weight, m.out_proj.bias)
+            out = out if dims.residual_multiplier == 1.0 else out * dims.residual_multiplier
+        else:
+            gnorm_w = m.norm.weight if m.rmsnorm else None
+            out = self.post(y, x, z, z0, x0, m.D, gnorm_w, m.out_proj.weight, m.out_proj.bias, dims)
         if block.mlp is None:
             return out, res
         normed, res = block._add_norm(block.norm2, out, res)

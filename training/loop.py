@@ -233,7 +233,8 @@ def run_phase(model, loss_fn, next_batch: Callable[[int], torch.Tensor], cfg: Ph
                 total = fits
                 bar.total = total
                 bar.refresh()
-        if len(pending) >= 25 or step == total:
+        saving = ckpt is not None and env.is_main and cfg.save_every and (step == total or step % cfg.save_every == 0)
+        if len(pending) >= 25 or step == total or saving:
             sync()
             result.losses.extend((s, float(v)) for s, v in pending)
             pending = []
@@ -246,9 +247,9 @@ def run_phase(model, loss_fn, next_batch: Callable[[int], torch.Tensor], cfg: Ph
             model.train()
             aside_s += time.perf_counter() - t0
             if env.is_main:
-                bar.write(f"{cfg.desc} step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in result.evals[-1][1].items()))
-        if ckpt is not None and env.is_main and cfg.save_every and (step == total or step % cfg.save_every == 0):
-            sync()
+                metrics = result.evals[-1][1].items()
+                bar.write(f"{cfg.desc} step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics))
+        if saving:
             t0 = time.perf_counter()
             _save(ckpt, stepper, step, total, result, train_before + t0 - start)
             aside_s += time.perf_counter() - t0

@@ -37,7 +37,8 @@ class RunSettings:
             raise ValueError(f"micro batch {micro} does not divide the {per_rank} rows each of "
                              f"{env.world_size} processes gets of batch {batch_size}")
         return PhaseConfig(micro_batches=per_rank // micro, tokens_per_step=batch_size * seq_len,
-                           cuda_graphs=self.cuda_graphs, resume=self.resume, save_every=self.save_every,
+                           cuda_graphs=self.cuda_graphs and not self.compile, resume=self.resume,
+                           save_every=self.save_every,
                            peak_flops=None if self.peak_tflops is None else self.peak_tflops * 1e12, **kw)
 
 

@@ -26,6 +26,11 @@ def mamba_chunk_scan_combined():
     return mamba_ssm_attr("ops.triton.ssd_combined", "mamba_chunk_scan_combined")
 
 
+def ssd_backend(device) -> str:
+    """Which SSD ``ssd_train`` runs on ``device``: ``mamba_ssm`` (its Triton kernels) or ``torch`` (the reference)."""
+    return "mamba_ssm" if torch.device(device).type == "cuda" and mamba_chunk_scan_combined() is not None else "torch"
+
+
 def segsum(a: torch.Tensor) -> torch.Tensor:
     """``out[..., i, j] = a[..., j+1] + ... + a[..., i]`` for ``j <= i`` (0 on the diagonal), ``-inf`` above it."""
     n = a.shape[-1]

@@ -31,6 +31,7 @@ from stree.training.flops import train_flops_per_token
 from stree.training.loop import run_phase
 from stree.training.model_shape import Shape, make_model
 from stree.training.losses import linear_cross_entropy
+from stree.training.ssd import ssd_backend
 from stree.training.run_settings import RunSettings, autocast, dir_bytes, phase_log, save_compact
 
 LOG_FILE, PLOT_FILE = "train_log.json", "train_loss.png"
@@ -148,7 +149,7 @@ def train_pair(cfg: TrainConfig, env: DistEnv | None = None) -> dict:
         "config": {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in vars(cfg).items()},
         "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
         "gpus": env.world_size if env.device.type == "cuda" else 0, "processes": env.world_size,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "ssd": ssd_backend(env.device), "compile": cfg.run.compile,
         "corpus": {**tokens.meta, "packages": list(cfg.packages), "roots": [str(r) for r in roots]},
         "tokenizer": {"vocab_size": vocab, "train_tokens": int(len(tokens.train)),
                       "val_tokens": int(len(tokens.val)), "seconds": round(data_s, 2)},

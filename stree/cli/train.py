@@ -173,7 +173,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="checkpoints", help="writes OUT/<prefix>-target, OUT/<prefix>-draft, log, plot")
     p.add_argument("--prefix", default="demo", help="checkpoint folder names: <prefix>-target, <prefix>-draft")
     p.add_argument("--steps", type=int, default=2000, help="target training steps")
-    p.add_argument("--draft-steps", type=int, default=None, help="drafter distillation steps (default: --steps; 0: none)")
+    p.add_argument("--draft-steps", type=int, default=None,
+                   help="drafter distillation steps (default: --steps; 0: no drafter)")
     p.add_argument("--target-minutes", type=float, default=None, help="wall-clock cap for the target phase")
     p.add_argument("--draft-minutes", type=float, default=None, help="wall-clock cap for the drafter phase")
     p.add_argument("--vocab-size", type=int, default=8192)
@@ -198,7 +199,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=train_command)
 
     sub2 = p.add_subparsers(dest="train_what", metavar="{drafter}")
-    d = sub2.add_parser("drafter", allow_abbrev=False, help="distil a Mamba2 drafter or a TreeFlash head from any target stree loads")
+    d = sub2.add_parser("drafter", allow_abbrev=False,
+                        help="distil a Mamba2 drafter or a TreeFlash head from any target stree loads")
     d.add_argument("--target", required=True, help="the target's folder (mamba_ssm format or a Hugging Face model)")
     d.add_argument("--kind", choices=KINDS, default="mamba")
     d.add_argument("--out", default=None, help="the drafter's checkpoint folder (default TARGET-KIND-drafter)")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from corpus_helpers import toy_site
 from hf_helpers import BUILDERS, save_tiny
 
 from stree.cli import main as stree_main
@@ -27,20 +28,10 @@ VOCAB = 300
 PROMPTS = ("def function_3(x):\n    return", '"""Module 7."""\n\ndef', "import os\n")
 
 
-def corpus_site(root: Path) -> Path:
-    """A folder that looks like site-packages with one small package of Python files."""
-    pkg = root / "site" / "toypkg"
-    pkg.mkdir(parents=True)
-    body = "".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
-    for k in range(16):
-        (pkg / f"mod_{k}.py").write_text(f'"""Module {k}."""\n\nimport os\n\n' + body)
-    return root / "site"
-
-
 @pytest.fixture(scope="module")
 def hf_target(tmp_path_factory):
     root = tmp_path_factory.mktemp("drafter")
-    site = corpus_site(root)
+    site = toy_site(root, files=16)
     hf = BUILDERS["bamba"](vocab_size=VOCAB)
     with torch.no_grad():
         hf.lm_head.weight.mul_(40)  # logits of a few units: a target with preferences to learn
