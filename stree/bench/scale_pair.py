@@ -1,13 +1,12 @@
 """``stree bench scale-pair``: train the benchmark pair at scale and record how the training went.
 
-Three phases, each one ``stree`` command (under torchrun with ``--gpus`` processes, or in this process for one):
-the target (a 48-layer, d_model-1024 hybrid of about 315M parameters, attention at layers 16 and 32) and its
-2-layer d_model-512 Mamba2 drafter (``stree train``), then a TreeFlash head on the target
-(``stree train drafter --kind treeflash``), on every installed package's sources (``--packages all``), seeded.
-Writes the checkpoints under ``OUT/pair/`` and the record ``scale-pair-train-<card>-<date>.json`` (to
-``--results`` and to ``OUT``) with the training throughput, MFU, validation perplexity, the drafters' KL and
-top-1 agreement and the wall times; progress goes to stdout as it happens. ``--tiny`` runs the same pipeline at
-toy size (CPU tests).
+Two ``stree`` commands, each its own process (re-run under torchrun with ``--gpus`` processes): the target (a
+48-layer, d_model-1024 hybrid of about 315M parameters, attention at layers 16 and 32) with its 2-layer
+d_model-512 Mamba2 drafter (``stree train``), then a TreeFlash head on the target (``stree train drafter --kind
+treeflash``), on every installed package's sources (``--packages all``), seeded. Writes the checkpoints under
+``OUT/pair/`` and the record ``scale-pair-train-<card>-<date>.json`` (to ``--results`` and to ``OUT``) with the
+training throughput, MFU, validation perplexity, the drafters' KL and top-1 agreement and the wall times; progress
+goes to stdout as it happens. ``--tiny`` runs the same pipeline at toy size (CPU tests, a quick GPU check).
 """
 
 from __future__ import annotations
@@ -113,12 +112,9 @@ def phase_commands(args, s: Sizes) -> dict[str, list[str]]:
     }
 
 
-def run_stree(argv: list[str], gpus: int) -> int:
-    """One phase: in this process for one GPU (or CPU), else under torchrun (``--gpus``)."""
-    if gpus == 1:
-        from stree.cli import main
-
-        return main(argv)
+def run_stree(argv: list[str]) -> int:
+    """One phase as its own process (it re-runs itself under torchrun for several GPUs), so that each phase starts
+    with the GPUs' memory free."""
     env = {**os.environ, **{k: os.environ.get(k, v) for k, v in SAFE_ENV.items()}}
     return subprocess.call([sys.executable, "-m", "stree.cli", *argv], env=env)
 
@@ -164,7 +160,7 @@ def scale_pair_command(args) -> int:
     for name, argv in phase_commands(args, sizes).items():
         print(f"[scale-pair] {time.strftime('%H:%M:%S')} phase {name}: stree {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
-        rc = run_stree(argv, args.gpus)
+        rc = run_stree(argv)
         walls[name] = time.perf_counter() - t0
         print(f"[scale-pair] {time.strftime('%H:%M:%S')} phase {name} ended (exit {rc}) after {walls[name]:.0f}s",
               flush=True)
