@@ -48,16 +48,18 @@ class RowSampler:
 
 
 def eval_windows(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int, device,
-                 env: DistEnv | None = None) -> list:
-    """Fixed, evenly spaced validation windows (the same for every evaluation); with ``env``, this rank's share
-    of the batches (ranks sum their results)."""
+                 env: DistEnv | None = None, rows: int | None = None) -> list:
+    """Fixed, evenly spaced validation windows (``n_batches * batch_size``, the same for every evaluation), in
+    batches of ``rows`` (default ``batch_size``); with ``env``, this rank's share of the batches (ranks sum their
+    results)."""
     count = n_batches * batch_size
+    rows = rows or batch_size
     span = len(tokens) - seq_len - 1
     if span < 1:
         raise ValueError(f"validation split has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
     starts = np.linspace(0, span - 1, count).astype(np.int64)
     windows = np.stack([tokens[s: s + seq_len + 1] for s in starts]).astype(np.int64)
-    batches = [torch.from_numpy(windows[i * batch_size:(i + 1) * batch_size]) for i in range(n_batches)]
+    batches = [torch.from_numpy(windows[i:i + rows]) for i in range(0, count, rows)]
     if env is not None:
         batches = batches[env.rank::env.world_size]
     return [b.to(device) for b in batches]

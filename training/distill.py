@@ -10,6 +10,7 @@ half of ``train_pair``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -191,7 +192,8 @@ def _data(cfg: DrafterConfig, target: StreeLM, env: DistEnv):
         raise ValueError(f"{cfg.target} has no tokenizer.json: use --data generated (the target's own samples)")
     if cfg.data == "corpus":
         sampler = WindowSampler(tokens.train, cfg.batch_size, cfg.seq_len, cfg.seed + 3, env.device, rows)
-        windows = eval_windows(tokens.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len, env.device, env)
+        windows = eval_windows(tokens.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len, env.device, env,
+                               cfg.run.eval_rows(env, cfg.batch_size))
         return sampler, windows, {"data": "corpus", **{k: tokens.meta[k] for k in ("train_tokens", "val_tokens",
                                                                                       "bytes", "duplicates")}}
     held = cfg.eval_batches * cfg.batch_size
@@ -202,23 +204,33 @@ def _data(cfg: DrafterConfig, target: StreeLM, env: DistEnv):
         prompts = torch.from_numpy(np.stack([tokens.train[s:s + cfg.prompt_len] for s in starts]).astype(np.int64))
     else:
         prompts = torch.randint(0, target.vocab_size, (n, cfg.prompt_len), generator=g)
-    path = Path(cache) / f"generated-{cfg.seed}-{n}x{cfg.seq_len + 1}-t{cfg.temperature}.npy"
+    path = Path(cache) / f"generated-{_target_key(cfg.target)}-{cfg.seed}-{n}x{cfg.seq_len + 1}-t{cfg.temperature}.npy"
 
     def make():
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             with torch.autocast(env.device.type, enabled=False):
                 seqs = sample_sequences(target, prompts, cfg.seq_len + 1, temperature=cfg.temperature, seed=cfg.seed)
-            np.save(path, seqs)
+            tmp = path.with_name(path.name + ".tmp.npy")
+            np.save(tmp, seqs)
+            tmp.replace(path)
         return np.load(path)
 
     seqs = rank_zero_first(env, make)
     train, val = seqs[:-held], seqs[-held:]
     sampler = RowSampler(train, cfg.batch_size, cfg.seed + 3, env.device, rows)
-    batches = [torch.from_numpy(val[i * cfg.batch_size:(i + 1) * cfg.batch_size].astype(np.int64))
-               for i in range(cfg.eval_batches)][env.rank::env.world_size]
+    step = cfg.run.eval_rows(env, cfg.batch_size)
+    batches = [torch.from_numpy(val[i:i + step].astype(np.int64)) for i in range(0, held, step)]
+    batches = batches[env.rank::env.world_size]
     return sampler, [b.to(env.device) for b in batches], {"data": "generated", "sequences": int(len(train)),
                                                            "temperature": cfg.temperature}
+
+
+def _target_key(target: str) -> str:
+    """Names the target's samples in the cache: its folder and its files' sizes and times."""
+    folder = Path(target).resolve()
+    stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file())
+    return hashlib.sha256(repr((str(folder), stats)).encode()).hexdigest()[:12]
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:

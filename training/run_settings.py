@@ -29,6 +29,10 @@ class RunSettings:
     workers: Optional[int] = None  # tokenizer processes (None: every CPU)
     peak_tflops: Optional[float] = None  # per card, for MFU (None: from the card's name)
 
+    def eval_rows(self, env: DistEnv, batch_size: int) -> int:
+        """Windows per validation batch: a micro-batch (evaluation holds no more activations than training)."""
+        return self.micro_batch or max(1, batch_size // env.world_size)
+
     def phase(self, env: DistEnv, batch_size: int, seq_len: int, **kw) -> PhaseConfig:
         """A ``PhaseConfig`` with these settings for a global batch of ``batch_size`` windows."""
         per_rank = batch_size // env.world_size

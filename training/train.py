@@ -127,7 +127,8 @@ def train_pair(cfg: TrainConfig, env: DistEnv | None = None) -> dict:
               f"{len(tokens.train)} train / {len(tokens.val)} val tokens ({data_s:.1f}s)", flush=True)
     rows = rank_rows(cfg.batch_size, env)
     sampler = WindowSampler(tokens.train, cfg.batch_size, cfg.seq_len, cfg.seed, env.device, rows)
-    windows = eval_windows(tokens.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len, env.device, env)
+    windows = eval_windows(tokens.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len, env.device, env,
+                           cfg.run.eval_rows(env, cfg.batch_size))
 
     backend.use("torch")  # blocks outside the fast path run the differentiable PyTorch references
     try:
