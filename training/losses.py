@@ -25,39 +25,57 @@ def _compute_dtype(h: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, w, targets, scale: float, rows: int, cdtype):
-        with torch.autocast(h.device.type, enabled=False):
-            n = h.shape[0]
-            hc, wc = h.to(cdtype), w.to(cdtype)
-            grad_h = torch.empty_like(hc) if ctx.needs_input_grad[0] else None
-            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if ctx.needs_input_grad[1] else None
-            total = torch.zeros((), dtype=torch.float32, device=h.device)
-            for s in range(0, n, rows):
-                hs, ts = hc[s:s + rows], targets[s:s + rows]
-                logits = F.linear(hs, wc).float() * scale
-                lse = torch.logsumexp(logits, -1)
-                total += (lse - logits.gather(1, ts[:, None])[:, 0]).sum()
-                if grad_h is None and grad_w is None:
-                    continue
-                g = torch.exp(logits - lse[:, None])  # softmax: d(lse - logit_t)/d logits = p - onehot(t)
-                g[torch.arange(len(ts), device=g.device), ts] -= 1.0
-                g = (g * (scale / n)).to(cdtype)
-                if grad_h is not None:
-                    grad_h[s:s + rows] = g @ wc
-                if grad_w is not None:
-                    grad_w += (g.t() @ hs).float()
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = (h.dtype, w.dtype)
-        return total / n
+def _row_blocks(ctx, h, w, rows: int, cdtype, block) -> torch.Tensor:
+    """The mean over rows of ``block(start, h rows, w)`` -> ``(loss sum, d loss / d logits or None)``, and the
+    gradients w.r.t. ``h`` and ``w`` that those logit gradients give (stored on ``ctx`` for the backward pass)."""
+    with torch.autocast(h.device.type, enabled=False):
+        n = h.shape[0]
+        hc, wc = h.to(cdtype), w.to(cdtype)
+        grad_h = torch.empty_like(hc) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if ctx.needs_input_grad[1] else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for s in range(0, n, rows):
+            hs = hc[s:s + rows]
+            loss, g = block(s, hs, wc, grad_h is not None or grad_w is not None)
+            total += loss
+            if g is None:
+                continue
+            g = (g / n).to(cdtype)
+            if grad_h is not None:
+                grad_h[s:s + rows] = g @ wc
+            if grad_w is not None:
+                grad_w += (g.t() @ hs).float()
+    ctx.save_for_backward(grad_h, grad_w)
+    ctx.dtypes = (h.dtype, w.dtype)
+    return total / n
+
+
+class _StoredGradients(torch.autograd.Function):
+    """The forward pass (``_row_blocks``) already computed the gradients; the backward pass scales them."""
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else (grad_h * grad_out).to(ctx.dtypes[0])
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.dtypes[1])
-        return gh, gw, None, None, None, None
+        return (gh, gw) + (None,) * (len(ctx.needs_input_grad) - 2)
+
+
+class _LinearCrossEntropy(_StoredGradients):
+    @staticmethod
+    def forward(ctx, h, w, targets, scale: float, rows: int, cdtype):
+        def block(s, hs, wc, want_grad):
+            ts = targets[s:s + rows]
+            logits = F.linear(hs, wc).float() * scale
+            lse = torch.logsumexp(logits, -1)
+            loss = (lse - logits.gather(1, ts[:, None])[:, 0]).sum()
+            if not want_grad:
+                return loss, None
+            g = torch.exp(logits - lse[:, None])  # softmax: d(lse - logit_t)/d logits = p - onehot(t)
+            g[torch.arange(len(ts), device=g.device), ts] -= 1.0
+            return loss, g * scale
+
+        return _row_blocks(ctx, h, w, rows, cdtype, block)
 
 
 def linear_cross_entropy(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
@@ -67,38 +85,19 @@ def linear_cross_entropy(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor
     return _LinearCrossEntropy.apply(h2, w, t, float(scale), rows or block_rows(w.shape[0]), _compute_dtype(h))
 
 
-class _LinearKL(torch.autograd.Function):
+class _LinearKL(_StoredGradients):
     @staticmethod
     def forward(ctx, h, w, t_h, t_w, scale: float, t_scale: float, rows: int, cdtype):
-        with torch.autocast(h.device.type, enabled=False):
-            n = h.shape[0]
-            hc, wc, thc, twc = h.to(cdtype), w.to(cdtype), t_h.to(cdtype), t_w.to(cdtype)
-            grad_h = torch.empty_like(hc) if ctx.needs_input_grad[0] else None
-            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if ctx.needs_input_grad[1] else None
-            total = torch.zeros((), dtype=torch.float32, device=h.device)
-            for s in range(0, n, rows):
-                hs = hc[s:s + rows]
-                t_logp = F.log_softmax(F.linear(thc[s:s + rows], twc).float() * t_scale, -1)
-                d_logp = F.log_softmax(F.linear(hs, wc).float() * scale, -1)
-                p_t = t_logp.exp()
-                total += (p_t * (t_logp - d_logp)).sum()
-                if grad_h is None and grad_w is None:
-                    continue
-                g = ((d_logp.exp() - p_t) * (scale / n)).to(cdtype)  # d KL / d draft logits
-                if grad_h is not None:
-                    grad_h[s:s + rows] = g @ wc
-                if grad_w is not None:
-                    grad_w += (g.t() @ hs).float()
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = (h.dtype, w.dtype)
-        return total / n
+        thc, twc = t_h.to(cdtype), t_w.to(cdtype)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = None if grad_h is None else (grad_h * grad_out).to(ctx.dtypes[0])
-        gw = None if grad_w is None else (grad_w * grad_out).to(ctx.dtypes[1])
-        return gh, gw, None, None, None, None, None, None
+        def block(s, hs, wc, want_grad):
+            t_logp = F.log_softmax(F.linear(thc[s:s + rows], twc).float() * t_scale, -1)
+            d_logp = F.log_softmax(F.linear(hs, wc).float() * scale, -1)
+            p_t = t_logp.exp()
+            loss = (p_t * (t_logp - d_logp)).sum()
+            return loss, ((d_logp.exp() - p_t) * scale) if want_grad else None  # d KL / d draft logits
+
+        return _row_blocks(ctx, h, w, rows, cdtype, block)
 
 
 def linear_kl(h: torch.Tensor, w: torch.Tensor, t_h: torch.Tensor, t_w: torch.Tensor, scale: float = 1.0,
