@@ -125,6 +125,13 @@ class _Stepper:
         self.static_loss = None
         self.note = ""
 
+    def load_optimizer(self, state: dict) -> None:
+        """A saved optimizer state; a graphed step keeps reading its learning rate from ``self.lr``."""
+        self.opt.load_state_dict(state)
+        if torch.is_tensor(self.lr):
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr
+
     def _set_lr(self, value: float) -> None:
         if torch.is_tensor(self.lr):
             self.lr.fill_(value)
@@ -203,7 +210,7 @@ def run_phase(model, loss_fn, next_batch: Callable[[int], torch.Tensor], cfg: Ph
     if ckpt is not None and cfg.resume and ckpt.exists():
         saved = torch.load(ckpt, map_location=env.device, weights_only=False)
         model.load_state_dict(saved["model"])
-        stepper.opt.load_state_dict(saved["opt"])
+        stepper.load_optimizer(saved["opt"])
         step, total, train_before = saved["step"], saved["total"], saved.get("train_s", 0.0)
         result.losses, result.evals, result.note = saved["losses"], saved["evals"], saved["note"]
         result.resumed_from = step
