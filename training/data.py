@@ -65,6 +65,12 @@ def eval_windows(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: i
     return [b.to(device) for b in batches]
 
 
+def default_cache_dir() -> str:
+    """Where token ids and tokenizers are cached unless a command says otherwise: ``$XDG_CACHE_HOME/stree``
+    (``~/.cache/stree``)."""
+    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stree")
+
+
 def corpus_files(packages: Sequence[str] = DEFAULT_PACKAGES, roots=None, seed: int = 0, val_fraction: float = 0.02,
                  max_file_bytes: int | None = None):
     kw = {} if max_file_bytes is None else {"max_file_bytes": max_file_bytes}

@@ -30,7 +30,8 @@ from stree.verifier.model.tokenizer import load_tokenizer
 from stree.verifier.model.treeflash import DEFAULT_D_MODEL, DEFAULT_DEPTH, TreeFlashConfig, TreeFlashNet, save_treeflash
 
 from stree.training.corpus import DEFAULT_PACKAGES, MAX_FILE_BYTES
-from stree.training.data import RowSampler, WindowSampler, corpus_files, corpus_tokens, eval_windows, rank_zero_first
+from stree.training.data import (RowSampler, WindowSampler, corpus_files, corpus_tokens, default_cache_dir,
+                                 eval_windows, rank_zero_first)
 from stree.training.distributed import DistEnv, rank_rows
 from stree.training.fast_forward import TrainForward, head
 from stree.training.flops import forward_flops_per_token, train_flops_per_token
@@ -159,7 +160,7 @@ class DrafterConfig:
     max_file_bytes: int = MAX_FILE_BYTES
     val_fraction: float = 0.02
     corpus_roots: Optional[list] = None
-    cache_dir: Optional[str] = None  # default OUT/cache
+    cache_dir: Optional[str] = None  # default: data.default_cache_dir()
     device: str = "cpu"
     seed: int = 0
     run: RunSettings = field(default_factory=RunSettings)
@@ -177,7 +178,7 @@ class DrafterConfig:
 def _data(cfg: DrafterConfig, target: StreeLM, env: DistEnv):
     """``(training sampler, validation windows, data description)`` on the target's tokenization."""
     tokenizer = load_tokenizer(cfg.target)
-    cache = cfg.cache_dir or str(Path(cfg.out) / "cache")
+    cache = cfg.cache_dir or default_cache_dir()
     rows = rank_rows(cfg.batch_size, env)
     tokens = None
     if tokenizer is not None:

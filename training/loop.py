@@ -184,6 +184,7 @@ class _Stepper:
 
 
 def _save(path: Path, stepper: _Stepper, step: int, total: int, result: PhaseResult, train_s: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": stepper.model.state_dict(), "opt": stepper.opt.state_dict(), "step": step, "total": total,
                 "losses": result.losses, "evals": result.evals, "note": result.note, "train_s": train_s}, tmp)

@@ -23,7 +23,8 @@ from stree.verifier.model.lm import StreeLM
 from stree.verifier.model.tokenizer import eos_token_id
 
 from stree.training.corpus import DEFAULT_PACKAGES, MAX_FILE_BYTES
-from stree.training.data import WindowSampler, corpus_bpe, corpus_files, corpus_tokens, eval_windows
+from stree.training.data import (WindowSampler, corpus_bpe, corpus_files, corpus_tokens, default_cache_dir,
+                                 eval_windows)
 from stree.training.distill import DraftSettings, draft_phase
 from stree.training.distributed import DistEnv, rank_rows
 from stree.training.fast_forward import TrainForward, head
@@ -64,7 +65,7 @@ class TrainConfig:
     tokenizer_bytes: int = 8_000_000
     val_fraction: float = 0.02
     corpus_roots: Optional[list] = None
-    cache_dir: Optional[str] = None  # tokenizer and token ids (default OUT/cache)
+    cache_dir: Optional[str] = None  # tokenizer and token ids (default: data.default_cache_dir())
     rescale_residual: bool = False  # out_proj / sqrt(n_layer) at init (mamba_ssm's option; deep targets)
     device: str = "cpu"
     seed: int = 0
@@ -112,8 +113,7 @@ def train_pair(cfg: TrainConfig, env: DistEnv | None = None) -> dict:
     env = env or DistEnv(device=torch.device(cfg.device))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "resume").mkdir(exist_ok=True)
-    cache = cfg.cache_dir or str(out / "cache")
+    cache = cfg.cache_dir or default_cache_dir()
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     files, roots = corpus_files(cfg.packages, cfg.corpus_roots, cfg.seed, cfg.val_fraction, cfg.max_file_bytes)

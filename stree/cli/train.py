@@ -161,7 +161,7 @@ def _run_options(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue from OUT's resume checkpoints")
     p.add_argument("--save-every", type=int, default=0, help="steps between resume checkpoints (0: none)")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: every CPU)")
-    p.add_argument("--cache-dir", default=None, help="tokenizer and token-id cache (default OUT/cache)")
+    p.add_argument("--cache-dir", default=None, help="tokenizer and token-id cache (default ~/.cache/stree)")
     p.add_argument("--peak-tflops", type=float, default=None, help="per-card bf16 peak for MFU (default: by name)")
     p.add_argument("--eval-batches", type=int, default=4, help="validation batches per evaluation")
 
