@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: distil the TreeFlash drafter from the demo target (stree train --drafter treeflash)
+# One device call: distil the TreeFlash drafter from the demo target (stree train drafter --kind treeflash)
 # into OUT_DIR/ckpt/demo-treeflash (TRAIN=0: use checkpoints/demo-treeflash), with the GPU tests running
 # beside it (correctness only, no timing);
 # then (STEP_PROFILE=1) the step profile, and unless E2E=0 the e2e comparison of every device method,
@@ -14,8 +14,10 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
 fi
 treeflash=checkpoints/demo-treeflash  # the committed one, unless TRAIN=1 distils a new one here
 if [ "${TRAIN:-1}" = 1 ]; then
-  python3 -m stree.cli train --drafter treeflash --target checkpoints/demo-target --out "$out/ckpt" \
-    --steps ${TF_STEPS:-3000} --batch-size 32 --seq-len 256 --draft-minutes ${TF_MINUTES:-10} --device cuda 2>&1 \
+  python3 -m stree.cli train drafter --kind treeflash --target checkpoints/demo-target \
+    --out "$out/ckpt/demo-treeflash" \
+    --steps ${TF_STEPS:-3000} --batch-size 32 --seq-len 256 --minutes ${TF_MINUTES:-10} --corpus-bytes 4000000 \
+    --device cuda 2>&1 \
     | tr '\r' '\n' | grep -v 'it/s\]$' | tail -8
   treeflash="$out/ckpt/demo-treeflash"
 fi

@@ -1,14 +1,14 @@
-"""Train the demo pair: a small hybrid Mamba2+attention target LM, then a Mamba2 drafter distilled from it.
+"""Train a target/drafter pair from scratch: a hybrid Mamba2+attention target LM, then a Mamba2 drafter distilled
+from it (the demo pair in git, and the benchmark pair at scale).
 
-The drafter learns KL(target || draft) on the target's softmax over the training text (as the
-STree authors trained theirs). Both share one byte-level BPE tokenizer trained on the corpus.
-Checkpoints are written in mamba_ssm's format with matrices in bf16 (small enough for git), plus a
-JSON training log and a loss-curve PNG next to them.
+The drafter learns KL(target || draft) on the target's softmax over the training text (as the STree authors
+trained theirs). Both share one byte-level BPE tokenizer trained on the corpus. Checkpoints are written in
+mamba_ssm's format with matrices in bf16, plus a JSON training log (throughput, MFU, losses, validation) and a
+loss-curve PNG next to them. Runs on one process or data-parallel under torchrun (``training.distributed``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,56 +17,39 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from stree.kernels import backend
-from stree.verifier.model.checkpoint import random_init_, save_model
-from stree.verifier.model.config import ModelConfig
 from stree.verifier.model.lm import StreeLM
-from stree.verifier.model.tokenizer import bpe_tokenizer, eos_token_id
+from stree.verifier.model.tokenizer import eos_token_id
 
-from stree.training.corpus import DEFAULT_PACKAGES, Corpus, build_corpus, tokenize
-from stree.training.loop import PhaseConfig, run_phase
+from stree.training.corpus import DEFAULT_PACKAGES, MAX_FILE_BYTES
+from stree.training.data import (WindowSampler, corpus_bpe, corpus_files, corpus_tokens, default_cache_dir,
+                                 eval_windows)
+from stree.training.distill import DraftSettings, draft_phase
+from stree.training.distributed import DistEnv, rank_rows
+from stree.training.fast_forward import TrainForward, head
+from stree.training.flops import train_flops_per_token
+from stree.training.loop import run_phase
+from stree.training.model_shape import Shape, make_model
+from stree.training.losses import linear_cross_entropy
+from stree.training.ssd import ssd_backend
+from stree.training.run_settings import RunSettings, autocast, dir_bytes, phase_log, save_compact
 
-TARGET_DIR, DRAFT_DIR = "demo-target", "demo-draft"
 LOG_FILE, PLOT_FILE = "train_log.json", "train_loss.png"
-
-
-@dataclass
-class Shape:
-    """Model size: Mamba2 layers, with attention at ``attn_layers`` (a hybrid) when non-empty."""
-
-    d_model: int
-    n_layer: int
-    attn_layers: tuple = ()
-    d_state: int = 64
-    headdim: int = 64
-    attn_head_dim: int = 64
-
-    def config(self, vocab_size: int) -> ModelConfig:
-        attn = {}
-        if self.attn_layers:
-            heads = max(1, self.d_model // self.attn_head_dim)
-            attn = {"num_heads": heads, "num_heads_kv": heads, "head_dim": self.d_model // heads,
-                    "rotary_emb_dim": self.d_model // heads}
-        return ModelConfig(
-            d_model=self.d_model, n_layer=self.n_layer, vocab_size=vocab_size,
-            ssm_cfg={"layer": "Mamba2", "d_state": self.d_state, "headdim": self.headdim, "expand": 2},
-            attn_layer_idx=list(self.attn_layers), attn_cfg=attn,
-        )
 
 
 @dataclass
 class TrainConfig:
     out: str = "checkpoints"
+    prefix: str = "demo"  # writes OUT/<prefix>-target and OUT/<prefix>-draft
     vocab_size: int = 8192
     # Deep and narrow: a decode step costs per layer (launch-bound at this size), so 20 layers give
     # the target a cost ratio to the 2-layer drafter closer to real target/draft pairs.
     target: Shape = field(default_factory=lambda: Shape(256, 20, (10,)))
     draft: Shape = field(default_factory=lambda: Shape(256, 2))
     target_steps: int = 2000
-    draft_steps: int = 1500
-    batch_size: int = 32
+    draft_steps: int = 1500  # 0: no drafter
+    batch_size: int = 32  # global, in windows
     seq_len: int = 512
     target_lr: float = 2e-3
     draft_lr: float = 3e-3
@@ -78,182 +61,118 @@ class TrainConfig:
     eval_batches: int = 4
     packages: tuple = DEFAULT_PACKAGES
     corpus_bytes: int = 24_000_000
+    max_file_bytes: int = MAX_FILE_BYTES
     tokenizer_bytes: int = 8_000_000
     val_fraction: float = 0.02
     corpus_roots: Optional[list] = None
+    cache_dir: Optional[str] = None  # tokenizer and token ids (default: data.default_cache_dir())
+    rescale_residual: bool = False  # out_proj / sqrt(n_layer) at init (mamba_ssm's option; deep targets)
     device: str = "cpu"
     seed: int = 0
-    cuda_graphs: bool = True
+    run: RunSettings = field(default_factory=RunSettings)
 
 
-def make_model(shape: Shape, vocab_size: int, seed: int, device) -> StreeLM:
-    return random_init_(StreeLM(shape.config(vocab_size)), seed).to(device)
-
-
-def lm_loss(model: StreeLM, x: torch.Tensor) -> torch.Tensor:
+def lm_loss(fwd: TrainForward, x: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy on windows ``x`` ``[B, T+1]``."""
-    logits = model(x[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
-
-
-def distill_loss(target: StreeLM, draft: StreeLM, x: torch.Tensor) -> torch.Tensor:
-    """KL(target || draft) per token, over the target's full softmax."""
-    inp = x[:, :-1]
-    with torch.no_grad():
-        t_logp = F.log_softmax(target(inp).float(), -1)
-    d_logp = F.log_softmax(draft(inp).float(), -1)
-    v = d_logp.shape[-1]
-    return F.kl_div(d_logp.reshape(-1, v), t_logp.reshape(-1, v), log_target=True, reduction="batchmean")
-
-
-class WindowSampler:
-    """Random training windows of ``seq_len + 1`` tokens, reproducible from the seed and step."""
-
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, device):
-        if len(tokens) <= seq_len + 1:
-            raise ValueError(f"corpus has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
-        self.tokens = torch.from_numpy(tokens.astype(np.int64))
-        self.batch_size, self.seq_len, self.seed, self.device = batch_size, seq_len, seed, device
-        self.offsets = torch.arange(seq_len + 1)
-
-    def __call__(self, step: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.batch_size,), generator=g)
-        return self.tokens[starts[:, None] + self.offsets].to(self.device, non_blocking=True)
-
-
-def eval_windows(tokens: np.ndarray, n_batches: int, batch_size: int, seq_len: int, device) -> list:
-    """Fixed, evenly spaced validation windows (the same for every evaluation)."""
-    count = n_batches * batch_size
-    span = len(tokens) - seq_len - 1
-    if span < 1:
-        raise ValueError(f"validation split has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
-    starts = np.linspace(0, span - 1, count).astype(np.int64)
-    windows = np.stack([tokens[s: s + seq_len + 1] for s in starts]).astype(np.int64)
-    return [torch.from_numpy(windows[i * batch_size:(i + 1) * batch_size]).to(device) for i in range(n_batches)]
-
-
-def _autocast(device):
-    if torch.device(device).type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+    w, scale = head(fwd.model)
+    return linear_cross_entropy(fwd(x[:, :-1]), w, x[:, 1:], scale)
 
 
 @torch.no_grad()
-def eval_target(target: StreeLM, windows: list, device) -> dict:
-    with _autocast(device):
-        loss = sum(float(lm_loss(target, x)) for x in windows) / len(windows)
+def eval_target(fwd: TrainForward, windows: list, env: DistEnv) -> dict:
+    """Validation cross-entropy and perplexity over every rank's windows."""
+    total = n = 0.0
+    with autocast(env.device):
+        for x in windows:
+            count = x[:, 1:].numel()
+            total += float(lm_loss(fwd, x)) * count
+            n += count
+    total, n = env.all_sum([total, n])
+    loss = total / max(n, 1.0)
     return {"val_ce": loss, "val_ppl": float(np.exp(min(loss, 50.0)))}
 
 
-@torch.no_grad()
-def eval_draft(target: StreeLM, draft: StreeLM, windows: list, device) -> dict:
-    """Validation KL, the drafter's own cross-entropy, and how often its argmax is the target's."""
-    kl = ce = agree = 0.0
-    with _autocast(device):
-        for x in windows:
-            inp = x[:, :-1]
-            t = target(inp).float()
-            d = draft(inp).float()
-            v = d.shape[-1]
-            kl += float(F.kl_div(F.log_softmax(d, -1).reshape(-1, v), F.log_softmax(t, -1).reshape(-1, v),
-                                 log_target=True, reduction="batchmean"))
-            ce += float(F.cross_entropy(d.reshape(-1, v), x[:, 1:].reshape(-1)))
-            agree += float((d.argmax(-1) == t.argmax(-1)).float().mean())
-    n = len(windows)
-    return {"val_kl": kl / n, "val_ce": ce / n, "val_top1_agreement": agree / n}
+def train_target(cfg: TrainConfig, env: DistEnv, vocab: int, sampler, windows) -> tuple[StreeLM, dict]:
+    """The target phase: next-token cross-entropy from a random init."""
+    target = make_model(cfg.target, vocab, cfg.seed + 1, env.device, cfg.rescale_residual)
+    fwd = TrainForward(target, compile=cfg.run.compile, recompute=cfg.run.recompute)
+    flops = train_flops_per_token(target, cfg.seq_len)
+    phase = cfg.run.phase(env, cfg.batch_size, cfg.seq_len, steps=cfg.target_steps, lr=cfg.target_lr,
+                          warmup=cfg.warmup, weight_decay=cfg.weight_decay,
+                          max_seconds=None if cfg.target_minutes is None else 60 * cfg.target_minutes,
+                          eval_every=cfg.eval_every, desc="target", flops_per_token=flops,
+                          checkpoint=str(Path(cfg.out) / "resume" / f"{cfg.prefix}-target.pt"))
+    res = run_phase(target, lambda x: lm_loss(fwd, x), sampler, phase, env,
+                    evaluate=lambda: eval_target(fwd, windows, env))
+    return target, phase_log(res, phase.tokens_per_step, flops)
 
 
-def save_compact(model: StreeLM, out_dir: Path, tokenizer) -> Path:
-    """Save with matrices in bf16 and vectors (A_log, dt_bias, D, norms, biases) in fp32."""
-    clone = copy.deepcopy(model).cpu()
-    with torch.no_grad():
-        for p in clone.parameters():
-            if p.dim() >= 2:
-                p.data = p.data.to(torch.bfloat16)
-    return save_model(clone, out_dir, tokenizer)
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
-
-
-def train_pair(cfg: TrainConfig, corpus: Optional[Corpus] = None) -> dict:
+def train_pair(cfg: TrainConfig, env: DistEnv | None = None) -> dict:
     """Build the corpus and tokenizer, train the target, distill the drafter, save both; returns the log."""
     started = time.perf_counter()
+    env = env or DistEnv(device=torch.device(cfg.device))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(cfg.device)
+    cache = cfg.cache_dir or default_cache_dir()
     torch.manual_seed(cfg.seed)
-    if corpus is None:
-        corpus = build_corpus(cfg.packages, cfg.corpus_bytes, cfg.val_fraction,
-                              roots=cfg.corpus_roots, seed=cfg.seed)
-    print(f"corpus: {corpus.meta['train_files']} train / {corpus.meta['val_files']} val files, "
-          f"{corpus.meta['bytes'] / 1e6:.1f} MB", flush=True)
     t0 = time.perf_counter()
-    tok_texts, size = [], 0
-    for doc in corpus.train:  # the BPE is trained on a prefix of the (shuffled) train split
-        if size >= cfg.tokenizer_bytes:
-            break
-        tok_texts.append(doc)
-        size += len(doc)
-    tokenizer = bpe_tokenizer(cfg.vocab_size, tok_texts)
-    vocab = tokenizer.get_vocab_size()
-    eos = eos_token_id(tokenizer)
-    train_tokens = tokenize(tokenizer, corpus.train, eos)
-    val_tokens = tokenize(tokenizer, corpus.val, eos)
-    tok_s = time.perf_counter() - t0
-    print(f"tokenizer: vocab {vocab}; {len(train_tokens)} train / {len(val_tokens)} val tokens "
-          f"({tok_s:.1f}s)", flush=True)
-    sampler = WindowSampler(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed, device)
-    windows = eval_windows(val_tokens, cfg.eval_batches, cfg.batch_size, cfg.seq_len, device)
+    files, roots = corpus_files(cfg.packages, cfg.corpus_roots, cfg.seed, cfg.val_fraction, cfg.max_file_bytes)
+    tokenizer = corpus_bpe(files, cfg.vocab_size, cfg.tokenizer_bytes, cache, env)
+    vocab, eos = tokenizer.get_vocab_size(), eos_token_id(tokenizer)
+    tokens = corpus_tokens(files, tokenizer, eos, cfg.corpus_bytes, cache, env, cfg.run.workers)
+    data_s = time.perf_counter() - t0
+    if env.is_main:
+        print(f"corpus: {tokens.meta['train_files']} train / {tokens.meta['val_files']} val files, "
+              f"{tokens.meta['bytes'] / 1e6:.1f} MB ({tokens.meta['duplicates']} duplicates dropped); vocab {vocab}; "
+              f"{len(tokens.train)} train / {len(tokens.val)} val tokens ({data_s:.1f}s)", flush=True)
+    rows = rank_rows(cfg.batch_size, env)
+    sampler = WindowSampler(tokens.train, cfg.batch_size, cfg.seq_len, cfg.seed, env.device, rows)
+    windows = eval_windows(tokens.val, cfg.eval_batches, cfg.batch_size, cfg.seq_len, env.device, env,
+                           cfg.run.eval_rows(env, cfg.batch_size))
 
-    backend.use("torch")  # training runs the differentiable PyTorch references
+    backend.use("torch")  # blocks outside the fast path run the differentiable PyTorch references
     try:
-        target = make_model(cfg.target, vocab, cfg.seed + 1, device)
-        t_cfg = PhaseConfig(cfg.target_steps, cfg.target_lr, cfg.warmup, cfg.weight_decay,
-                            max_seconds=None if cfg.target_minutes is None else 60 * cfg.target_minutes,
-                            eval_every=cfg.eval_every, cuda_graphs=cfg.cuda_graphs, desc="target")
-        t_res = run_phase(target, lambda x: lm_loss(target, x), sampler, t_cfg, device,
-                          evaluate=lambda: eval_target(target, windows, device))
+        target, t_log = train_target(cfg, env, vocab, sampler, windows)
         target.requires_grad_(False)
-        draft = make_model(cfg.draft, vocab, cfg.seed + 2, device)
-        d_cfg = PhaseConfig(cfg.draft_steps, cfg.draft_lr, cfg.warmup, cfg.weight_decay,
-                            max_seconds=None if cfg.draft_minutes is None else 60 * cfg.draft_minutes,
-                            eval_every=cfg.eval_every, cuda_graphs=cfg.cuda_graphs, desc="draft (KL)")
-        d_res = run_phase(draft, lambda x: distill_loss(target, draft, x), lambda s: sampler(s + 10**7),
-                          d_cfg, device, evaluate=lambda: eval_draft(target, draft, windows, device))
+        draft, d_log = None, None
+        if cfg.draft_steps > 0:
+            draft_sampler = WindowSampler(tokens.train, cfg.batch_size, cfg.seq_len, cfg.seed + 10**7, env.device,
+                                          rows)
+            settings = DraftSettings(steps=cfg.draft_steps, lr=cfg.draft_lr, warmup=cfg.warmup,
+                                     weight_decay=cfg.weight_decay, minutes=cfg.draft_minutes,
+                                     eval_every=cfg.eval_every, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                                     checkpoint=str(out / "resume" / f"{cfg.prefix}-draft.pt"))
+            draft = make_model(cfg.draft, vocab, cfg.seed + 2, env.device)
+            d_log = draft_phase(target, draft, draft_sampler, windows, settings, cfg.run, env)
     finally:
         backend.use(None)
-    target_dir = save_compact(target, out / TARGET_DIR, tokenizer)
-    draft_dir = save_compact(draft, out / DRAFT_DIR, tokenizer)
     log = {
-        "config": {k: (asdict(v) if isinstance(v, Shape) else v) for k, v in vars(cfg).items()},
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "corpus": corpus.meta,
-        "tokenizer": {"vocab_size": vocab, "train_tokens": int(len(train_tokens)),
-                      "val_tokens": int(len(val_tokens)), "seconds": round(tok_s, 2)},
+        "config": {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in vars(cfg).items()},
+        "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
+        "gpus": env.world_size if env.device.type == "cuda" else 0, "processes": env.world_size,
+        "torch": torch.__version__, "ssd": ssd_backend(env.device), "compile": cfg.run.compile,
+        "corpus": {**tokens.meta, "packages": list(cfg.packages), "roots": [str(r) for r in roots]},
+        "tokenizer": {"vocab_size": vocab, "train_tokens": int(len(tokens.train)),
+                      "val_tokens": int(len(tokens.val)), "seconds": round(data_s, 2)},
         "params": {"target": sum(p.numel() for p in target.parameters()),
-                   "draft": sum(p.numel() for p in draft.parameters())},
-        "checkpoint_bytes": {"target": dir_bytes(target_dir), "draft": dir_bytes(draft_dir)},
-        "target": _phase_log(t_res, cfg.batch_size * cfg.seq_len),
-        "draft": _phase_log(d_res, cfg.batch_size * cfg.seq_len),
-        "seconds": round(time.perf_counter() - started, 1),
+                   "draft": sum(p.numel() for p in draft.parameters()) if draft is not None else 0},
+        "target_layers": cfg.target.n_layer,
+        "target": t_log,
+        "draft": d_log,
     }
-    (out / LOG_FILE).write_text(json.dumps(log, indent=1, default=str))
-    try:
-        plot_losses(log, out / PLOT_FILE)
-    except ImportError as exc:  # the checkpoints and log are saved; the plot can be redrawn from the log
-        print(f"no loss plot ({exc}); redraw it with `stree train --replot {out}`", flush=True)
+    if env.is_main:
+        target_dir = save_compact(target, out / f"{cfg.prefix}-target", tokenizer)
+        log["checkpoint_bytes"] = {"target": dir_bytes(target_dir)}
+        if draft is not None:
+            log["checkpoint_bytes"]["draft"] = dir_bytes(save_compact(draft, out / f"{cfg.prefix}-draft", tokenizer))
+        log["seconds"] = round(time.perf_counter() - started, 1)
+        (out / LOG_FILE).write_text(json.dumps(log, indent=1, default=str))
+        try:
+            plot_losses(log, out / PLOT_FILE)
+        except ImportError as exc:  # the checkpoints and log are saved; the plot can be redrawn from the log
+            print(f"no loss plot ({exc}); redraw it with `stree train --replot {out}`", flush=True)
+    env.barrier()
     return log
-
-
-def _phase_log(res, tokens_per_step: int) -> dict:
-    return {"steps": res.steps, "seconds": round(res.seconds, 1), "step_ms": round(res.step_ms, 2),
-            "tokens_seen": res.steps * tokens_per_step, "cuda_graph": res.graphed, "note": res.note,
-            "loss": [(s, round(v, 4)) for s, v in res.losses],
-            "evals": [(s, {k: round(v, 4) for k, v in m.items()}) for s, m in res.evals]}
 
 
 def plot_losses(log: dict, path: Path) -> None:
@@ -263,9 +182,10 @@ def plot_losses(log: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, phase, key, label in ((ax1, "target", "val_ce", "target: next-token CE"),
-                                  (ax2, "draft", "val_kl", "drafter: KL(target || draft)")):
+    phases = [p for p in (("target", "val_ce", "target: next-token CE"),
+                          ("draft", "val_kl", "drafter: KL(target || draft)")) if log.get(p[0])]
+    fig, axes = plt.subplots(1, len(phases), figsize=(5.5 * len(phases), 4), squeeze=False)
+    for ax, (phase, key, label) in zip(axes[0], phases):
         steps, losses = zip(*log[phase]["loss"]) if log[phase]["loss"] else ((), ())
         ax.plot(steps, losses, lw=0.8, alpha=0.7, label="train")
         if log[phase]["evals"]:
@@ -275,14 +195,13 @@ def plot_losses(log: dict, path: Path) -> None:
         ax.set_title(label, fontsize=10)
         ax.set_yscale("log")
         ax.legend(loc="upper right")
-    if log["draft"]["evals"]:
-        es, em = zip(*log["draft"]["evals"])
-        twin = ax2.twinx()
-        twin.plot(es, [m["val_top1_agreement"] for m in em], "s--", color="tab:green", label="top-1 agreement")
-        twin.set_ylim(0, 1)
-        twin.set_ylabel("validation top-1 agreement with target")
-    fig.suptitle(f"demo pair: target {log['params']['target'] / 1e6:.1f}M, "
-                 f"draft {log['params']['draft'] / 1e6:.1f}M params ({log['device']})", fontsize=10)
+        if phase == "draft" and log[phase]["evals"]:
+            twin = ax.twinx()
+            twin.plot(es, [m["val_top1_agreement"] for m in em], "s--", color="tab:green", label="top-1 agreement")
+            twin.set_ylim(0, 1)
+            twin.set_ylabel("validation top-1 agreement with target")
+    fig.suptitle(f"target {log['params']['target'] / 1e6:.1f}M, draft {log['params']['draft'] / 1e6:.1f}M params "
+                 f"({log['device']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

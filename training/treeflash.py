@@ -8,69 +8,33 @@ drafter and the conditional head's starting point, so both are trained together.
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stree.kernels import backend
-from stree.verifier.model.checkpoint import load_model
 from stree.verifier.model.lm import StreeLM
-from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
-from stree.verifier.model.treeflash import (
-    DEFAULT_D_MODEL,
-    DEFAULT_DEPTH,
-    DEFAULT_N_LAYER,
-    TreeFlashConfig,
-    TreeFlashNet,
-    save_treeflash,
-)
+from stree.verifier.model.treeflash import TreeFlashNet
 
-from stree.training.corpus import DEFAULT_PACKAGES, build_corpus, tokenize
-from stree.training.loop import PhaseConfig, run_phase
-from stree.training.train import WindowSampler, eval_windows
-
-TREEFLASH_DIR = "demo-treeflash"
-TF_LOG_FILE, TF_PLOT_FILE = "treeflash_log.json", "treeflash_loss.png"
+from stree.training.distributed import DistEnv
+from stree.training.fast_forward import TrainForward, head
+from stree.training.flops import forward_flops_per_token
+from stree.training.loop import run_phase
+from stree.training.run_settings import RunSettings, autocast, phase_log
 
 
-@dataclass
-class TreeFlashTrainConfig:
-    target: str = "checkpoints/demo-target"
-    out: str = "checkpoints"
-    d_model: int = DEFAULT_D_MODEL
-    depth: int = DEFAULT_DEPTH
-    n_layer: int = DEFAULT_N_LAYER
-    steps: int = 2000
-    minutes: float | None = None
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 3e-3
-    warmup: int = 50
-    weight_decay: float = 0.0
-    eval_every: int = 100
-    eval_batches: int = 2
-    packages: tuple = DEFAULT_PACKAGES
-    corpus_bytes: int = 4_000_000
-    device: str = "cpu"
-    seed: int = 0
-    cuda_graphs: bool = True
-
-
-def depth_views(target: StreeLM, x: torch.Tensor, depth: int):
+def depth_views(target: StreeLM, x: torch.Tensor, depth: int, fwd: TrainForward | None = None):
     """The target's hidden states, roots, per-depth parents and per-depth log-probs for windows ``x``.
 
     Returns ``hidden [P, d]``, ``roots [P]``, ``parents [P, K]``, ``target_logp [P, K, V]`` over every
-    window position with K tokens after its root.
+    window position with K tokens after its root. ``fwd``: the target's training forward (made if not given).
     """
     inp = x[:, :-1]
     with torch.no_grad():
-        logits, hidden = target(inp, return_hidden=True)
-        logp = F.log_softmax(logits.float(), -1)
+        hidden = (fwd or TrainForward(target))(inp)
+        w, scale = head(target)
+        logp = F.log_softmax(F.linear(hidden, w).float() * scale, -1)
     t_len = inp.shape[1]
     p = t_len - depth
     if p < 1:
@@ -88,9 +52,9 @@ def _kl(t_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()
 
 
-def treeflash_losses(target: StreeLM, net: TreeFlashNet, x: torch.Tensor):
+def treeflash_losses(target: StreeLM, net: TreeFlashNet, x: torch.Tensor, fwd: TrainForward | None = None):
     """``(conditional KL, marginal KL, conditional logits, marginal logits, target log-probs)`` on windows ``x``."""
-    hidden, roots, parents, t_logp = depth_views(target, x, net.config.depth)
+    hidden, roots, parents, t_logp = depth_views(target, x, net.config.depth, fwd)
     states = net.depth_states(hidden, roots)
     cond = net.conditional_logits(states, parents)
     marg = net.marginal_logits(states)
@@ -98,75 +62,50 @@ def treeflash_losses(target: StreeLM, net: TreeFlashNet, x: torch.Tensor):
 
 
 @torch.no_grad()
-def eval_treeflash(target: StreeLM, net: TreeFlashNet, windows: list) -> dict:
-    """Validation KL and top-1 agreement with the target per head, and the conditional head's per depth."""
+def eval_treeflash(target: StreeLM, net: TreeFlashNet, windows: list, fwd: TrainForward | None = None,
+                   env: DistEnv | None = None) -> dict:
+    """Validation KL and top-1 agreement with the target per head, and the conditional head's per depth (the
+    mean over every rank's windows)."""
     sums: dict = {}
-    for x in windows:
-        kl_c, kl_m, cond, marg, t_logp = treeflash_losses(target, net, x)
-        best = t_logp.argmax(-1)
-        per_depth = (cond.argmax(-1) == best).float().mean(0)
-        vals = {"val_kl": float(kl_c), "val_kl_marginal": float(kl_m),
-                "val_top1_agreement": float(per_depth.mean()),
-                "val_top1_agreement_marginal": float((marg.argmax(-1) == best).float().mean())}
-        vals.update({f"val_top1_depth{k + 1}": float(a) for k, a in enumerate(per_depth)})
-        for k, v in vals.items():
-            sums[k] = sums.get(k, 0.0) + v
-    return {k: v / len(windows) for k, v in sums.items()}
+    with autocast(windows[0].device if windows else "cpu"):
+        for x in windows:
+            kl_c, kl_m, cond, marg, t_logp = treeflash_losses(target, net, x, fwd)
+            best = t_logp.argmax(-1)
+            per_depth = (cond.argmax(-1) == best).float().mean(0)
+            vals = {"val_kl": float(kl_c), "val_kl_marginal": float(kl_m),
+                    "val_top1_agreement": float(per_depth.mean()),
+                    "val_top1_agreement_marginal": float((marg.argmax(-1) == best).float().mean())}
+            vals.update({f"val_top1_depth{k + 1}": float(a) for k, a in enumerate(per_depth)})
+            for k, v in vals.items():
+                sums[k] = sums.get(k, 0.0) + v
+    keys = [f"val_{k}" for k in ("kl", "kl_marginal", "top1_agreement", "top1_agreement_marginal")]
+    keys += [f"val_top1_depth{k + 1}" for k in range(net.config.depth)]
+    totals = [sums.get(k, 0.0) for k in keys] + [float(len(windows))]
+    if env is not None:
+        totals = env.all_sum(totals)
+    return {k: v / max(totals[-1], 1.0) for k, v in zip(keys, totals)}
 
 
-def train_treeflash(cfg: TreeFlashTrainConfig) -> dict:
-    """Distil a TreeFlash network from ``cfg.target`` on the offline corpus; saves it, its log and loss plot."""
-    started = time.perf_counter()
-    device = torch.device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    target = load_model(cfg.target, device=device).eval()
-    target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.target)
-    if tokenizer is None:
-        raise ValueError(f"{cfg.target} has no tokenizer.json: TreeFlash trains on the target's tokenization")
-    corpus = build_corpus(tuple(cfg.packages), cfg.corpus_bytes, seed=cfg.seed)
-    eos = eos_token_id(tokenizer)
-    train_tokens, val_tokens = tokenize(tokenizer, corpus.train, eos), tokenize(tokenizer, corpus.val, eos)
-    sampler = WindowSampler(train_tokens, cfg.batch_size, cfg.seq_len, cfg.seed + 3, device)
-    windows = eval_windows(val_tokens, cfg.eval_batches, cfg.batch_size, cfg.seq_len, device)
-    net = TreeFlashNet(TreeFlashConfig(d_target=target.config.d_model, vocab_size=target.vocab_size,
-                                       d_model=cfg.d_model, depth=cfg.depth, n_layer=cfg.n_layer)).to(device)
+def treeflash_phase(target: StreeLM, net: TreeFlashNet, sampler, windows: list, settings, run: RunSettings,
+                    env: DistEnv) -> dict:
+    """Distil ``net`` from the frozen ``target`` (conditional + marginal KL at every depth); the phase's log.
+    ``settings``: a ``distill.DraftSettings``."""
+    fwd = TrainForward(target, compile=run.compile)
+    flops = 3.0 * sum(2.0 * p.numel() for p in net.parameters() if p.dim() >= 2)
+    flops += forward_flops_per_token(target, settings.seq_len)
 
     def loss_fn(x):
-        kl_c, kl_m, *_ = treeflash_losses(target, net, x)
+        kl_c, kl_m, *_ = treeflash_losses(target, net, x, fwd)
         return kl_c + kl_m
 
-    phase = PhaseConfig(cfg.steps, cfg.lr, cfg.warmup, cfg.weight_decay,
-                        max_seconds=None if cfg.minutes is None else 60 * cfg.minutes,
-                        eval_every=cfg.eval_every, cuda_graphs=cfg.cuda_graphs, desc="treeflash (KL)")
-    backend.use("torch")  # the target's differentiable-path references (no Triton in the loss)
-    try:
-        res = run_phase(net, loss_fn, sampler, phase, device, evaluate=lambda: eval_treeflash(target, net, windows))
-    finally:
-        backend.use(None)
-    out_dir = save_treeflash(_compact(net), Path(cfg.out) / TREEFLASH_DIR)
-    log = {"config": asdict(cfg), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "params": sum(p.numel() for p in net.parameters()),
-           "checkpoint_bytes": sum(p.stat().st_size for p in out_dir.iterdir()),
-           "train_tokens": int(len(train_tokens)), "steps": res.steps, "seconds": round(res.seconds, 1),
-           "step_ms": round(res.step_ms, 2), "note": res.note,
-           "loss": [(s, round(v, 4)) for s, v in res.losses],
-           "evals": [(s, {k: round(v, 4) for k, v in m.items()}) for s, m in res.evals],
-           "total_seconds": round(time.perf_counter() - started, 1)}
-    (Path(cfg.out) / TF_LOG_FILE).write_text(json.dumps(log, indent=1, default=str))
-    plot_treeflash(log, Path(cfg.out) / TF_PLOT_FILE)
-    return log
-
-
-def _compact(net: TreeFlashNet) -> TreeFlashNet:
-    """A CPU copy with matrices in bf16 (vectors stay fp32): a checkpoint of a few MB."""
-    clone = TreeFlashNet(net.config)
-    clone.load_state_dict(net.state_dict())
-    with torch.no_grad():
-        for p in clone.parameters():
-            if p.dim() >= 2:
-                p.data = p.data.to(torch.bfloat16)
-    return clone
+    phase = run.phase(env, settings.batch_size, settings.seq_len, steps=settings.steps, lr=settings.lr,
+                      warmup=settings.warmup, weight_decay=settings.weight_decay,
+                      max_seconds=None if settings.minutes is None else 60 * settings.minutes,
+                      eval_every=settings.eval_every, desc="treeflash (KL)", flops_per_token=flops,
+                      checkpoint=settings.checkpoint)
+    res = run_phase(net, loss_fn, sampler, phase, env, evaluate=lambda: eval_treeflash(target, net, windows, fwd, env))
+    return {**phase_log(res, phase.tokens_per_step, flops), "params": sum(p.numel() for p in net.parameters()),
+            "net": asdict(net.config)}
 
 
 def plot_treeflash(log: dict, path: Path) -> None:

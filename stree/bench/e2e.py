@@ -31,7 +31,7 @@ from stree.verifier.model.tokenizer import load_tokenizer
 
 METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "retrieval", "fusion", "treeflash",
            "treeflash-marginal")
-TREEFLASH_METHODS = ("treeflash", "treeflash-marginal")  # need --treeflash DIR (stree train --drafter treeflash)
+TREEFLASH_METHODS = ("treeflash", "treeflash-marginal")  # need --treeflash DIR (stree train drafter --kind treeflash)
 DEFAULT_TREEFLASH = "checkpoints/demo-treeflash"
 DEFAULT_TARGET, DEFAULT_DRAFT = DEMO_TARGET, DEMO_DRAFT
 
@@ -280,7 +280,8 @@ def add_parser(sub) -> None:
                    help="draft model checkpoint folder or Hub id")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated, from {', '.join(METHODS)} (default: all; TreeFlash's if --treeflash exists)")
-    p.add_argument("--treeflash", default=DEFAULT_TREEFLASH, help="TreeFlash checkpoint dir (stree train --drafter treeflash)")
+    p.add_argument("--treeflash", default=DEFAULT_TREEFLASH,
+                   help="TreeFlash checkpoint dir (stree train drafter --kind treeflash)")
     p.add_argument("--treeflash-tree", default="static:3,2,1,1", help="TreeFlash tree layout (chain:K or static:W1,..)")
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS), help=f"comma-separated, from {', '.join(PROMPT_SETS)}")
     p.add_argument("--mt-bench", default=None, help="MT-Bench question.jsonl")

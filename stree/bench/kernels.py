@@ -12,14 +12,12 @@ spill the L2 cache. Writes JSON and a PNG plot.
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.metadata
 import json
 import math
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 
 from stree.bench.common import kernel_settings
 from stree.kernels.compare import rel_err
+from stree.kernels.mamba_ssm_import import mamba_ssm_attr
 from stree.kernels.cuda_graph import graphed_us
 from stree.protocols.token_tree import ancestor_mask
 from stree.verifier.model.lm import SSM_CACHE_DTYPES
@@ -106,23 +105,13 @@ BENCH_TREES = (
 
 # ----- mamba_ssm (optional baseline) ---------------------------------------------------------
 def import_mamba_ssm():
-    """(chunk_scan, state_update) from mamba_ssm, or (None, None).
-
-    mamba_ssm's package import needs its Mamba1 CUDA extension even though its Mamba2 Triton kernels
-    do not; for this benchmark only, an empty stand-in for ``selective_scan_cuda`` is registered.
-    """
-    try:
-        if "selective_scan_cuda" not in sys.modules:
-            try:
-                importlib.import_module("selective_scan_cuda")
-            except ImportError:
-                sys.modules["selective_scan_cuda"] = types.ModuleType("selective_scan_cuda")
-        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no baseline"
-        print(f"mamba_ssm not usable ({type(exc).__name__}: {exc}); skipping its baselines", file=sys.stderr)
+    """(chunk_scan, state_update) from mamba_ssm (its Triton kernels, ``mamba_ssm_attr``), or (None, None)."""
+    scan = mamba_ssm_attr("ops.triton.ssd_combined", "mamba_chunk_scan_combined")
+    update = mamba_ssm_attr("ops.triton.selective_state_update", "selective_state_update")
+    if scan is None or update is None:
+        print("mamba_ssm not usable; skipping its baselines", file=sys.stderr)
         return None, None
-    return mamba_chunk_scan_combined, selective_state_update
+    return scan, update
 
 
 # ----- timing --------------------------------------------------------------------------------

@@ -53,6 +53,6 @@ def test_in_domain_without_functions_is_a_clear_error(tmp_path):
     pkg = tmp_path / "numpy"
     pkg.mkdir()
     for i in range(4):
-        (pkg / f"d{i}.py").write_text("X = 1\n" * 60)
+        (pkg / f"d{i}.py").write_text(f"X = {i}\n" * 60)  # distinct files: the corpus drops duplicates
     with pytest.raises(ValueError, match="no held-out corpus file has a function"):
         load_prompt_set("in_domain", 0, path=str(tmp_path))

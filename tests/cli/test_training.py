@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from corpus_helpers import toy_site
+
 from stree.training.corpus import build_corpus
 from stree.training.loop import lr_at
 from stree.training.train import Shape, TrainConfig, train_pair
@@ -15,18 +17,8 @@ from stree.verifier.decode.loop import generate
 from stree.verifier.model.tokenizer import load_tokenizer
 
 
-def _corpus_dir(tmp_path):
-    """A folder that looks like site-packages with one small package of Python files."""
-    pkg = tmp_path / "site" / "toypkg"
-    pkg.mkdir(parents=True)
-    body = "".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
-    for k in range(12):
-        (pkg / f"mod_{k}.py").write_text(f'"""Module {k}."""\n\n' + body)
-    return tmp_path / "site"
-
-
 def test_corpus_is_deterministic_and_split(tmp_path):
-    root = _corpus_dir(tmp_path)
+    root = toy_site(tmp_path)
     a = build_corpus(["toypkg"], max_bytes=10**6, roots=[root])
     b = build_corpus(["toypkg"], max_bytes=10**6, roots=[root])
     assert a.train == b.train and a.val == b.val
@@ -48,7 +40,7 @@ def trained(tmp_path_factory):
     cfg = TrainConfig(out=str(tmp / "ckpt"), vocab_size=300, target=Shape(32, 2, (1,), 8, 8, 16),
                       draft=Shape(32, 1, (), 8, 8), target_steps=60, draft_steps=40, batch_size=4, seq_len=32,
                       target_lr=3e-3, draft_lr=3e-3, warmup=5, eval_every=20, eval_batches=1,
-                      packages=("toypkg",), corpus_roots=[_corpus_dir(tmp)], corpus_bytes=10**6,
+                      packages=("toypkg",), corpus_roots=[toy_site(tmp)], corpus_bytes=10**6,
                       tokenizer_bytes=10**6, device="cpu", seed=0)
     return train_pair(cfg), tmp / "ckpt"
 

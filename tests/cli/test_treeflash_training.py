@@ -1,6 +1,6 @@
 """TreeFlash distillation: per-depth views line up with the target, one loss step lowers KL, the plot draws.
 
-A tiny hybrid target; the full ``stree train --drafter treeflash`` run (corpus + BPE target) is
+A tiny hybrid target; the full ``stree train drafter --kind treeflash`` run (corpus + BPE target) is
 exercised by the lead on the GPU.
 """
 
