@@ -54,6 +54,25 @@ def ssd_prefill_triton(x, dt, A, Bm, Cm, D, ssm_state, chunk_size: int = CHUNK, 
     return y
 
 
+def ssd_prefill_exact_triton(x, dt, A, Bm, Cm, D, ssm_state):
+    """``ssd_prefill_triton`` for the exact numerics: never mamba_ssm's scan, and every chunk in the same node tile
+    (one ``CHUNK``-node tile, or ``FP32_BLOCK_M``-node tiles in fp32) whatever the prompt's padded width, so a prompt's
+    state and outputs do not depend on the prompts it was prefilled with. Padding (dt = 0) leaves the state as it is
+    and only follows real tokens."""
+    b, t, h, p = x.shape
+    y = torch.empty_like(x)
+    length = torch.empty(b, dtype=torch.long, device=x.device)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    for start in range(0, t, CHUNK):
+        sl = slice(start, min(start + CHUNK, t))
+        xc, dtc, Bc = x[:, sl], dt[:, sl], Bm[:, sl]
+        n = xc.shape[1]
+        y[:, sl] = tree_scan_triton(xc, dtc, A, Bc, Cm[:, sl], D, length.new_empty(b, n), ssm_state, is_chain=True,
+                                    block_m=None if half else FP32_BLOCK_M, tile_nodes=CHUNK)
+        replay_ssm_chain_triton(ssm_state, xc, dtc, A, Bc, length.fill_(n))
+    return y
+
+
 def conv_prefill_triton(xBC, conv_state, weight, bias):
     """``conv_prefill_ref`` on the GPU: ``silu(conv)`` ``[B, T, C]``; ``conv_state`` rolls forward in place."""
     b, t, c = xBC.shape

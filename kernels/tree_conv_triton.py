@@ -13,6 +13,7 @@ import triton.language as tl
 
 from stree.kernels import pdl
 from stree.kernels.pdl import pdl_enter
+from stree.kernels.recurrence_triton import conv_finish, conv_tap, softplus_dt
 from stree.kernels.tree_scan_triton import small_tree_ranges
 
 MIN_PROGRAMS = 128
@@ -20,32 +21,38 @@ MIN_PROGRAMS = 128
 
 
 @triton.jit
+def _ancestor(cur, par_b, row_ok, s_pn, IS_CHAIN: tl.constexpr):
+    """One step up: a tree node's parent, the root's -1, and -m (the m-th most recent committed input) to -m-1."""
+    if IS_CHAIN:
+        return cur - 1
+    up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
+    return tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
+
+
+@triton.jit
 def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
                    s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn,
                    K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr):
     """``silu(conv)`` in fp32 of channels ``ch`` of the tree nodes ``rows`` of one sequence (``xbc_b``,
-    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Tap k is the k-th ancestor."""
+    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Taps oldest first, as the decode step
+    takes them (``recurrence_triton.conv_tap``): tap j is the node's (K-1-j)-th ancestor, or a committed input."""
     ok = row_ok[:, None] & ch_ok[None, :]
     acc = tl.zeros([rows.shape[0], ch.shape[0]], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
-    # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
-    cur = rows
-    for k in tl.static_range(K):
-        wk = tl.load(w_ptr + ch * s_wc + (K - 1 - k) * s_wk, mask=ch_ok, other=0.0).to(tl.float32)
+    for j in tl.static_range(K):
+        # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
+        cur = rows
+        for _ in tl.static_range(K - 1 - j):
+            cur = _ancestor(cur, par_b, row_ok, s_pn, IS_CHAIN)
         in_tree = cur >= 0
         v_tree = tl.load(xbc_b + cur[:, None] * s_xn + ch[None, :] * s_xc, mask=ok & in_tree[:, None], other=0.0)
         col = K - 1 + cur
         v_state = tl.load(cs_b + ch[None, :] * s_sc + col[:, None] * s_sk,
                           mask=ok & (~in_tree & (col >= 0))[:, None], other=0.0)
-        acc += (v_tree.to(tl.float32) + v_state.to(tl.float32)) * wk[None, :]
-        if k + 1 < K:
-            if IS_CHAIN:
-                cur = cur - 1
-            else:
-                up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
-                cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
-    return tl.where(ok, acc * tl.sigmoid(acc), 0.0)
+        wj = tl.load(w_ptr + ch * s_wc + j * s_wk, mask=ch_ok, other=0.0)
+        acc = conv_tap(acc, tl.where(in_tree[:, None], v_tree.to(tl.float32), v_state.to(tl.float32)), wj[None, :])
+    bias = tl.load(bias_ptr + ch, mask=ch_ok, other=0.0)[None, :] if HAS_BIAS else 0.0
+    acc = conv_finish(acc, bias, HAS_BIAS, True)
+    return tl.where(ok, acc, 0.0)
 
 
 @triton.jit
@@ -104,15 +111,6 @@ def store_tree_acts(out_ptr, dt_ptr, pre_ptr, xbc_b, b, h, pid_p, heads_per_grou
                          mask=xs_ok)
                 tl.store(pre_b + c_ch[None, :] * s_pre[2], tl.load(node_in + c_ch[None, :] * s_xbc[2], mask=xs_ok),
                          mask=xs_ok)
-
-
-@triton.jit
-def softplus_dt(v, dt_lo, dt_hi, CLAMP: tl.constexpr):
-    """``softplus(v)`` (``v = dt_raw + dt_bias`` in fp32), clamped to ``[dt_lo, dt_hi]`` when ``CLAMP``."""
-    v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
-    if CLAMP:
-        v = tl.minimum(tl.maximum(v, dt_lo), dt_hi)
-    return v
 
 
 @triton.jit

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from stree.kernels import ops
+from stree.kernels import ops, rowwise
 from stree.kernels.backend import capturing
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
@@ -45,7 +44,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x):
         a, g = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(a * F.silu(g))
+        return self.fc2(a * rowwise.silu(g))
 
 
 class Block(nn.Module):
