@@ -157,10 +157,7 @@ def _tree_conv_kernel(
 
 def conv_tile_setting(n: int, c: int, b: int, block_c=None, num_warps=None) -> tuple[int, int, int]:
     """``(block_n, block_c, num_warps)`` of the tree conv: channel blocks narrow enough that a one-sequence tree
-    fills the GPU (at least ``MIN_PROGRAMS`` programs), since every program walks its nodes' ancestors serially.
-    Measured on the H200 (2026-11-27, bf16, Mamba2-2.7B layer, batch 1, dt and pre-conv copy included): 32 nodes
-    3.31 us at 32 channels x 4 warps against 6.63 at the old 128 x 4 (and 8.5 before the dt work got programs of its
-    own); 16 nodes 2.54 against 4.03."""
+    fills the GPU (at least ``MIN_PROGRAMS`` programs), since every program walks its nodes' ancestors serially."""
     block_n = min(32, max(16, triton.next_power_of_2(n)))
     if block_c is None:
         block_c = 128

@@ -18,11 +18,13 @@ BENCH_MODULES = [
     "stree.bench.step_profile",
     "stree.bench.serve",
     "stree.bench.admission",
+    "stree.bench.numerics",
 ]
 
 
 def add_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, rpc, serve, admission)")
+    bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, rpc, serve, admission, "
+                                                 "numerics)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:

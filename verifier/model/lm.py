@@ -258,7 +258,8 @@ class StreeLM(WeightsHome, nn.Module):
 
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None, return_hidden: bool = False):
         """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from). The final
-        RMSNorm runs as the LM head's prologue (one launch) where ``norm_linear`` measured that faster."""
+        RMSNorm runs as the LM head's prologue (one launch) where ``norm_linear`` measured that faster (fast
+        numerics)."""
         norm, last = self.backbone.norm_f, self.backbone.layers[-1]
         if head is None and not return_hidden and isinstance(norm, nn.RMSNorm):
             logits, _ = ops.add_rmsnorm_linear(hidden, residual, norm.weight, norm.eps, last.residual_in_fp32,
