@@ -29,7 +29,7 @@ BLOCK_M_FP32 = 32
 MAX_SPLIT_K = 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_split,
                  s_xm, s_xk, s_wn, s_wk, s_ym, s_yn,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -137,6 +137,7 @@ def gemm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         x2, weight, bias if bias is not None else weight, y, part, count, m, n, k, k_split,
         *x2.stride(), *weight.stride(), *y.stride(),
         BM=bm, BN=bn, BK=bk, SPLIT_K=split, STAGES=cfg["num_stages"], HAS_BIAS=bias is not None,
-        IEEE=weight.dtype == torch.float32, num_warps=cfg["num_warps"], **pdl.launch_args(x.device),
+        IEEE=weight.dtype == torch.float32, num_warps=cfg["num_warps"], enable_fp_fusion=False,
+        **pdl.launch_args(x.device),
     )
     return y.reshape(*x.shape[:-1], n)

@@ -173,7 +173,7 @@ def mamba_step_triton(conv_state, ssm_state, xBC, dt_raw, conv_w, conv_b, dt_bia
         *out_conv.stride(), *out_ssm.stride(),
         KM1=km1, K_P2=triton.next_power_of_2(km1 + 1), HAS_BIAS=conv_b is not None, SILU=True,
         D_PER_CHANNEL=D.numel() == h * p and D.numel() != h, CLAMP=clamp, BP=bp, BS=bs,
-        HAS_SRC=src_rows is not None, SPLIT=new_states is not None, num_warps=warps,
+        HAS_SRC=src_rows is not None, SPLIT=new_states is not None, num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_args(xBC.device),
     )
     return y

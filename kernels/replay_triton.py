@@ -64,11 +64,11 @@ def _replay_kernel(
             state = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
             plen = tl.load(plen_ptr + b).to(tl.int32)
             if EXACT:  # the decode step's recurrence, one accepted node after another
-                for m in range(0, plen):
+                for step in range(0, plen):
                     if PATH_IS_ARANGE:
-                        node = m
+                        node = step
                     else:
-                        node = tl.load(path_ptr + b * s_pb + m * s_pm)
+                        node = tl.load(path_ptr + b * s_pb + step * s_pm)
                     xv = tl.load(x_ptr + b * s_xb + node * s_xn + h * s_xh + offs_p * s_xp, mask=p_ok,
                                  other=0.0).to(tl.float32)
                     bv = tl.load(B_ptr + b * s_Bb + node * s_Bn + g * s_Bg + offs_s * s_Bs, mask=s_ok,
@@ -171,7 +171,7 @@ def _launch(ssm, conv, path, path_len, path_is_arange, block_p=None, block_s=Non
         *s_h, *conv_strides[0:3], *s_x, *s_d, *s_B, *conv_strides[3:6], *path.stride(),
         KM1=km1, KM1_P2=max(2, triton.next_power_of_2(max(km1, 1))), DO_SSM=n_ssm > 0, DO_CONV=n_conv > 0,
         PATH_IS_ARANGE=path_is_arange, EXACT=exact, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=num_warps or 4,
-        **pdl.launch_args(),
+        enable_fp_fusion=False, **pdl.launch_args(),
     )
 
 

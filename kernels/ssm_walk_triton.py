@@ -29,7 +29,7 @@ from stree.kernels.recurrence_triton import carry, ssm_output, ssm_update, state
 from stree.kernels.tree_conv_triton import tree_conv1d_triton
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "per_program"])
 def _tree_walk_kernel(
     xbc_ptr, dt_ptr, par_ptr, A_ptr, D_ptr, h0_ptr, y_ptr,
     N, H, P, S, G, heads_per_group, n_pblocks, per_program,
@@ -83,7 +83,7 @@ def _tree_walk_kernel(
         at_cur = on_path & (rev == cur_node)
         at_sib = on_path & (rev == sib_node)
         state = h0
-        start = 0
+        start = d * 0
         if tl.sum(at_cur.to(tl.int32), 0) > 0:
             state = cur
             start = d - tl.sum(tl.where(at_cur, idx, 0), 0) + 1
@@ -138,7 +138,7 @@ def tree_walk_triton(xbc, dt, parents, A, D, ssm_state, ngroups: int, *, out=Non
         *xbc.stride(), *dt.stride(), *parents.stride(), *ssm_state.stride(), *y.stride(),
         NP=max(2, triton.next_power_of_2(n)), BP=bp, BS=state_block(s),
         D_PER_CHANNEL=D.numel() == h * p and D.numel() != h, IS_CHAIN=is_chain, num_warps=warps,
-        **pdl.launch_args(xbc.device),
+        enable_fp_fusion=False, **pdl.launch_args(xbc.device),
     )
     return y
 

@@ -26,7 +26,7 @@ from stree.kernels.tree_attention_exact import KEY_SPLIT
 from stree.kernels.tree_attention_triton import _check_attention
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "nodes_per_program", "split_programs"])
 def _exact_attn_split_kernel(
     q_ptr, k_ptr, v_ptr, seqlen_ptr, anc_ptr, o_ptr, po_ptr, pml_ptr,
     N, L, Hkv, D, group, qk_scale, split_programs, n_splits, nodes_per_program,
@@ -107,7 +107,7 @@ def _exact_attn_split_kernel(
             tl.store(pml_ptr + 2 * part + 1, l_i, mask=r_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _exact_attn_merge_kernel(
     o_ptr, po_ptr, pml_ptr, seqlen_ptr, anc_ptr, N, Hkv, D, group, n_splits,
     s_ob, s_on, s_oh, s_od, s_ab, s_ai, s_aj,
@@ -190,11 +190,12 @@ def tree_attention_exact_triton(q, k_cache, v_cache, seqlen, anc_mask, softmax_s
         n, cap, hkv, d, group, scale * 1.4426950408889634, split_programs, n_splits, per_program,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *anc.stride(), *out.stride(),
         BM=bm, BN=bn, BD=bd, NP=np_, SPLIT=KEY_SPLIT, HALF=half, IS_CHAIN=is_chain, DIRECT=direct,
-        num_warps=8 if bd * bm >= 64 * 128 else 4, **pdl.launch_args(q.device),
+        num_warps=8 if bd * bm >= 64 * 128 else 4, enable_fp_fusion=False, **pdl.launch_args(q.device),
     )
     if not direct:
         _exact_attn_merge_kernel[(n * group, b * hkv)](
             out, po, pml, seqlen, anc, n, hkv, d, group, n_splits, *out.stride(), *anc.stride(),
-            BD=bd, NP=np_, SPLIT=KEY_SPLIT, IS_CHAIN=is_chain, num_warps=4, **pdl.launch_args(q.device),
+            BD=bd, NP=np_, SPLIT=KEY_SPLIT, IS_CHAIN=is_chain, num_warps=4, enable_fp_fusion=False,
+            **pdl.launch_args(q.device),
         )
     return out

@@ -209,7 +209,7 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
         pre if pre is not None else out, *(pre if pre is not None else out).stride(), n_cblocks,
         K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
         HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=block_h, HAS_PRE=pre is not None,
-        num_warps=warps,
+        num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_args(),
     )
     return out
