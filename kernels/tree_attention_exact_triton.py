@@ -23,7 +23,7 @@ from stree.kernels import pdl
 from stree.kernels.gemm_triton import _sms
 from stree.kernels.pdl import pdl_enter
 from stree.kernels.tree_attention_exact import KEY_SPLIT
-from stree.kernels.tree_attention_triton import _check_attention
+from stree.kernels.tree_attention_triton import _check_attention, load_query_rows, softmax_fold
 
 
 @triton.jit(do_not_specialize=["N", "nodes_per_program", "split_programs"])
@@ -46,8 +46,7 @@ def _exact_attn_split_kernel(
     head = hk * group + r % group
     offs_d = tl.arange(0, BD)
     d_ok = offs_d < D
-    q = tl.load(q_ptr + b * s_qb + node[:, None] * s_qn + head[:, None] * s_qh + offs_d[None, :] * s_qd,
-                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    q = load_query_rows(q_ptr, b, node, head, offs_d, r_ok, d_ok, s_qb, s_qn, s_qh, s_qd)
     sl = tl.load(seqlen_ptr + b).to(tl.int32)
     offs_j = tl.arange(0, NP)
     if IS_CHAIN:
@@ -78,24 +77,10 @@ def _exact_attn_split_kernel(
             c_ok = (cols < hi) & (slot < L)
             k = tl.load(k_row + slot[None, :] * s_kl + offs_d[:, None] * s_kd, mask=c_ok[None, :] & d_ok[:, None],
                         other=0.0)
-            if HALF:
-                s = tl.dot(q, k)
-            else:
-                s = tl.dot(q, k, input_precision="ieee")
-            vis = c_ok[None, :] & (cols[None, :] < count[:, None])
-            s = tl.where(vis, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_row + slot[:, None] * s_vl + offs_d[None, :] * s_vd, mask=c_ok[:, None] & d_ok[None, :],
                         other=0.0)
-            if HALF:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            m_i = m_new
+            vis = c_ok[None, :] & (cols[None, :] < count[:, None])
+            m_i, l_i, acc = softmax_fold(q, k, v, vis, m_i, l_i, acc, qk_scale, HALF)
         if DIRECT:
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(o_ptr + b * s_ob + node[:, None] * s_on + head[:, None] * s_oh + offs_d[None, :] * s_od,
