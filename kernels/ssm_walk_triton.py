@@ -9,10 +9,11 @@ rounded to the state's dtype after every step as a stored state is) and writes `
 tile of the decode step's shape (``walk_tile``, the whole d_state). No cumulative sums of ``dt A`` and no products
 of decays: a node's output is what one-token decode steps along its path give, bit for bit.
 
-A node's walk starts from the deepest state the program still holds: the previous node's, or that node's parent's
-(its sibling's parent). Chains and depth-first orders therefore cost one step per node; a level-ordered tree walks
-back from the committed state where neither is on the path (about the tree's depth per node). Where few programs
-would run (small batches), the nodes are split over more programs, which changes no bit.
+A chain (``is_chain``) is one loop of one step per node, its loads pipelined. In a tree, a node's walk starts from
+the deepest state the program still holds: the previous node's, or that node's parent's (its sibling's parent).
+Depth-first orders therefore cost one step per node; a level-ordered tree walks back from the committed state where
+neither is on the path (about the tree's depth per node). Where few programs would run (small batches), a tree's
+nodes are split over more programs, which changes no bit.
 """
 
 from __future__ import annotations
@@ -60,6 +61,25 @@ def _tree_walk_kernel(
     dt_b = dt_ptr + b * s_db + h * s_dh
     par_b = par_ptr + b * s_pb
     y_b = y_ptr + b * s_yb + h * s_yh + offs_p * s_yp
+    if IS_CHAIN:  # node i's parent is node i - 1: one step per node from the root, outputs from node lo on
+        state = h0
+        for i in tl.range(0, hi, num_stages=2):
+            x = tl.load(x_b + i * s_xn, mask=p_ok, other=0.0).to(tl.float32)
+            bv = tl.load(b_b + i * s_xn, mask=s_ok, other=0.0).to(tl.float32)
+            cv = tl.load(c_b + i * s_xn, mask=s_ok, other=0.0).to(tl.float32)
+            new = ssm_update(state, tl.load(dt_b + i * s_dn), a_h, x, bv)
+            tl.store(y_b + i * s_yn, ssm_output(new, cv, dskip, x).to(y_ptr.dtype.element_ty),
+                     mask=p_ok & (offs_p * 0 + i >= lo))
+            state = carry(new, sdt)
+    else:
+        _walk_tree(lo, hi, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn, sdt,
+                   NP, BP)
+
+
+@triton.jit
+def _walk_tree(lo, hi, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn,
+               STATE_DTYPE: tl.constexpr, NP: tl.constexpr, BP: tl.constexpr):
+    """Nodes ``lo .. hi-1`` of a tree: each one's state stepped along its path from the deepest state held."""
     idx = tl.arange(0, NP)
     cur = h0  # the state of node cur_node, and sib that of its parent sib_node (-1: nothing held)
     sib = h0
@@ -67,18 +87,14 @@ def _tree_walk_kernel(
     sib_node = lo * 0 - 1
     for i in range(lo, hi):
         # rev[k] = the k-th ancestor of node i (rev[0] = i), for k <= d, its depth
-        if IS_CHAIN:
-            rev = i - idx
-            d = i
-        else:
-            rev = tl.full([NP], -1, dtype=tl.int32)
-            v = i
-            d = i * 0 - 1
-            while v >= 0:
-                d += 1
-                rev = tl.where(idx == d, v, rev)
-                up = tl.load(par_b + v * s_pn).to(tl.int32)
-                v = tl.where((v > 0) & (up < v), up, -1)
+        rev = tl.full([NP], -1, dtype=tl.int32)
+        v = i
+        d = i * 0 - 1
+        while v >= 0:
+            d += 1
+            rev = tl.where(idx == d, v, rev)
+            up = tl.load(par_b + v * s_pn).to(tl.int32)
+            v = tl.where((v > 0) & (up < v), up, -1)
         on_path = idx <= d
         at_cur = on_path & (rev == cur_node)
         at_sib = on_path & (rev == sib_node)
@@ -99,10 +115,9 @@ def _tree_walk_kernel(
             bv = tl.load(b_b + node * s_xn, mask=s_ok, other=0.0).to(tl.float32)
             parent = state
             new = ssm_update(state, tl.load(dt_b + node * s_dn), a_h, x, bv)
-            state = carry(new, sdt)
+            state = carry(new, STATE_DTYPE)
         cv = tl.load(c_b + i * s_xn, mask=s_ok, other=0.0).to(tl.float32)
-        y = ssm_output(new, cv, dskip, x)
-        tl.store(y_b + i * s_yn, y.to(y_ptr.dtype.element_ty), mask=p_ok)
+        tl.store(y_b + i * s_yn, ssm_output(new, cv, dskip, x).to(y_b.dtype.element_ty), mask=p_ok)
         sib = parent
         sib_node = tl.sum(tl.where(idx == 1, rev, 0), 0)  # i's parent (-1 for the root)
         cur = state
