@@ -3,7 +3,7 @@
 Our own path treats each chunk of the prompt as a chain tree: the tree-scan kernel (chain mode) gives
 the chunk's outputs from the carried state, and the replay kernel folds the chunk into the state.
 The conv is the tree-conv kernel in chain mode plus the replay kernel's conv-state update.
-References: ``ssd_prefill_ref``, ``conv_prefill_ref``.
+References: ``ssd_prefill_ref``, ``conv_prefill_ref`` (``ssm_walk``'s exact ones for ``ssd_prefill_exact_triton``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def ssd_prefill_triton(x, dt, A, Bm, Cm, D, ssm_state, chunk_size: int = CHUNK, 
         return y
     y = torch.empty_like(x)
     length = torch.empty(b, dtype=torch.long, device=x.device)
-    # fp32 chunks run in 32-node tiles: the one-tile kernel over 64 fp32 nodes spills (H100, demo target,
-    # 128 tokens: 259 us against 44 us tiled); half chunks are fastest in one tile (40 us against 44 at 2.7B)
+    # fp32 chunks run in 32-node tiles (the one-tile kernel over 64 fp32 nodes spills); half chunks in one tile
     block_m = None if x.dtype in (torch.float16, torch.bfloat16) else FP32_BLOCK_M
     for start in range(0, t, chunk_size):
         sl = slice(start, min(start + chunk_size, t))
@@ -50,6 +49,25 @@ def ssd_prefill_triton(x, dt, A, Bm, Cm, D, ssm_state, chunk_size: int = CHUNK, 
         n = xc.shape[1]
         y[:, sl] = tree_scan_triton(xc, dtc, A, Bc, Cm[:, sl], D, length.new_empty(b, n), ssm_state,
                                     is_chain=True, block_m=block_m)
+        replay_ssm_chain_triton(ssm_state, xc, dtc, A, Bc, length.fill_(n))
+    return y
+
+
+def ssd_prefill_exact_triton(x, dt, A, Bm, Cm, D, ssm_state):
+    """``ssd_prefill_triton`` for the exact numerics: never mamba_ssm's scan, and every chunk in the same node tile
+    (one ``CHUNK``-node tile, or ``FP32_BLOCK_M``-node tiles in fp32) whatever the prompt's padded width, so a prompt's
+    state and outputs do not depend on the prompts it was prefilled with. Padding (dt = 0) leaves the state as it is
+    and only follows real tokens."""
+    b, t, h, p = x.shape
+    y = torch.empty_like(x)
+    length = torch.empty(b, dtype=torch.long, device=x.device)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    for start in range(0, t, CHUNK):
+        sl = slice(start, min(start + CHUNK, t))
+        xc, dtc, Bc = x[:, sl], dt[:, sl], Bm[:, sl]
+        n = xc.shape[1]
+        y[:, sl] = tree_scan_triton(xc, dtc, A, Bc, Cm[:, sl], D, length.new_empty(b, n), ssm_state, is_chain=True,
+                                    block_m=None if half else FP32_BLOCK_M, tile_nodes=CHUNK)
         replay_ssm_chain_triton(ssm_state, xc, dtc, A, Bc, length.fill_(n))
     return y
 

@@ -1,12 +1,14 @@
 """One whole Mamba2 decode step after in_proj, as plain PyTorch: conv (state roll), activation,
 dt softplus (+clamp), SSM state update, ``y`` and the D skip. Defines the fused kernel's math, in place or out
-of place with each row stepping the state of a chosen source row (beams following their parents)."""
+of place with each row stepping the state of a chosen source row (beams following their parents). Built from the
+exact references' pieces (``ssm_walk``), so a tree pass or commit of the exact numerics reproduces its bits."""
 
 from __future__ import annotations
 
 import torch
 
-from stree.kernels.pointwise import conv_activation, dt_ref
+from stree.kernels.pointwise import dt_ref
+from stree.kernels.ssm_walk import conv_window_ref, ssm_output_ref, ssm_update_ref
 from stree.kernels.tree_scan import heads_from_groups
 
 
@@ -29,28 +31,20 @@ def mamba_step_ref(
 ) -> torch.Tensor:
     """Returns ``y + D x`` as ``[B, H*P]`` in ``xBC``'s dtype. With ``new_states`` the given states are only read
     (rows ``src_rows``, or row b for row b) and may hold another number of rows; the stepped states go there."""
-    act = conv_activation(activation)
     out_conv, out_ssm = check_step_rows(conv_state, ssm_state, xBC.shape[0], src_rows, new_states)
     if src_rows is not None:
         conv_state, ssm_state = conv_state[src_rows], ssm_state[src_rows]
     b, h, p, s = ssm_state.shape
     window = torch.cat([conv_state.to(xBC.dtype), xBC[:, :, None]], dim=2).float()
-    conv = (window * conv_w.float()[None]).sum(-1)
-    if conv_b is not None:
-        conv = conv + conv_b.float()
     if conv_state.shape[2] > 0:
         out_conv.copy_(window[:, :, 1:].to(out_conv.dtype))
-    xbc = act(conv).to(xBC.dtype).float()  # rounded like the unfused path
+    xbc = conv_window_ref(window, conv_w, conv_b, activation).to(xBC.dtype).float()  # rounded like the tree's
     x = xbc[:, : h * p].reshape(b, h, p)
     Bh = heads_from_groups(xbc[:, h * p: h * p + ngroups * s].reshape(b, ngroups, s), h)
     Ch = heads_from_groups(xbc[:, h * p + ngroups * s:].reshape(b, ngroups, s), h)
-    dt = dt_ref(dt_raw, dt_bias, dt_limit)
-    decay = torch.exp(dt * A.float())[:, :, None, None]
-    new = decay * ssm_state.float() + torch.einsum("bh,bhp,bhs->bhps", dt, x, Bh)
+    new = ssm_update_ref(ssm_state.float(), dt_ref(dt_raw, dt_bias, dt_limit), A, x, Bh)
     out_ssm.copy_(new.to(out_ssm.dtype))
-    Dp = D.float().reshape(h, -1)  # [H, 1] or [H, P]
-    y = torch.einsum("bhps,bhs->bhp", new, Ch) + Dp[None] * x
-    return y.reshape(b, h * p).to(xBC.dtype)
+    return ssm_output_ref(new, Ch, D, x).reshape(b, h * p).to(xBC.dtype)
 
 
 def check_step_rows(conv_state, ssm_state, rows: int, src_rows, new_states) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from stree.kernels import numerics, rowwise
+
+
+def rms_norm(x: torch.Tensor, width: int, eps: float) -> torch.Tensor:
+    """``F.rms_norm`` over the last ``width`` elements (float32); in exact numerics the mean of squares is a
+    ``rowwise.fixed_sum``, so a row's result never depends on the other rows."""
+    if not numerics.exact():
+        return F.rms_norm(x, (width,), eps=eps)
+    return x * rowwise.pointwise(torch.rsqrt, rowwise.fixed_sum(x * x, -1)[..., None] / width + eps)
+
 
 def add_rmsnorm_ref(
     x: torch.Tensor,  # [..., d] mixer output (or the embedding at the first layer)
@@ -19,7 +29,7 @@ def add_rmsnorm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``r = x + residual`` (float32); returns ``(rmsnorm(r) * weight`` in ``x``'s dtype, new residual)."""
     r = x.float() if residual is None else x.float() + residual.float()
-    out = F.rms_norm(r, (r.shape[-1],), eps=eps) * weight.float()
+    out = rms_norm(r, r.shape[-1], eps) * weight.float()
     return out.to(x.dtype), (r if residual_in_fp32 else r.to(x.dtype))
 
 
@@ -33,10 +43,11 @@ def gated_rmsnorm_ref(
 ) -> torch.Tensor:
     """mamba_ssm's RMSNormGated: ``norm(y * silu(z)) * w`` per group (or ``norm(y) * w * silu(z)``)."""
     yf, zf = y.float(), z.float()
-    g = yf if norm_before_gate else yf * F.silu(zf)
+    gate = rowwise.silu(zf)
+    g = yf if norm_before_gate else yf * gate
     shape = g.shape
-    g = F.rms_norm(g.reshape(*shape[:-1], -1, group_size), (group_size,), eps=eps).reshape(shape)
+    g = rms_norm(g.reshape(*shape[:-1], -1, group_size), group_size, eps).reshape(shape)
     out = g * weight.float()
     if norm_before_gate:
-        out = out * F.silu(zf)
+        out = out * gate
     return out.to(y.dtype)

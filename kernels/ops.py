@@ -1,14 +1,16 @@
-"""The ops the model calls, each routed to its Triton kernel or its PyTorch reference (see backend.py)."""
+"""The ops the model calls, each routed to its Triton kernel or its PyTorch reference (see backend.py), in the
+numerics ``numerics.py`` says: ``_EXACT_OPS`` replace their ``_OPS`` entry in exact mode (the default)."""
 
 from __future__ import annotations
 
 import importlib
 
 import torch
+import torch.nn.functional as F
 
-from stree.kernels import backend, norm_linear
+from stree.kernels import backend, norm_linear, numerics
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
-from stree.kernels.linear import linear  # noqa: F401 - the model's projections call ops.linear
+from stree.kernels.linear import linear as fast_linear
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
 from stree.kernels.rotary import rotary_inv_freq
 
@@ -32,7 +34,24 @@ _OPS = {
     "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
     "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
 }
-_CACHE: dict[tuple[str, str], object] = {}
+# op name -> (reference, triton) of the exact numerics: every row computed the same way whatever the row count,
+# batch, tree shape or step
+_EXACT_OPS = {
+    "gemm": ("gemm:gemm_ref", "gemm_triton:gemm_triton"),
+    "tree_conv_scan": ("ssm_walk:tree_conv_scan_exact_ref", "ssm_walk_triton:tree_conv_scan_exact_triton"),
+    "replay": ("ssm_walk:replay_exact_ref", "replay_triton:replay_exact_triton"),
+    "replay_layers": ("ssm_walk:replay_layers_exact_ref", "replay_triton:replay_layers_exact_triton"),
+    "ssd_prefill": ("ssm_walk:ssd_prefill_exact_ref", "chunk_scan_triton:ssd_prefill_exact_triton"),
+    "conv_prefill": ("ssm_walk:conv_prefill_exact_ref", "chunk_scan_triton:conv_prefill_triton"),
+    "tree_attention": ("tree_attention_exact:tree_attention_exact_ref",
+                       "tree_attention_exact_triton:tree_attention_exact_triton"),
+}
+_CACHE: dict[tuple[str, str, bool], object] = {}
+
+
+def _ref(op: str):
+    """``op``'s reference in the current numerics (what a shape the fused kernel does not take runs)."""
+    return _load((_EXACT_OPS if op in _EXACT_OPS and numerics.exact() else _OPS)[op][0])
 
 
 def _load(spec: str):
@@ -41,11 +60,12 @@ def _load(spec: str):
 
 
 def get(op: str, device) -> object:
-    """The implementation of ``op`` for tensors on ``device``."""
+    """The implementation of ``op`` for tensors on ``device`` in the current numerics."""
     which = backend.resolve(device)
-    key = (op, which)
+    exact = op in _EXACT_OPS and numerics.exact()
+    key = (op, which, exact)
     if key not in _CACHE:
-        ref, tri = _OPS[op]
+        ref, tri = _EXACT_OPS[op] if exact else _OPS[op]
         if which == "triton":
             try:
                 _CACHE[key] = _load(tri)
@@ -72,9 +92,10 @@ def tree_conv_scan(xBC, conv_state, conv_w, conv_b, parents, dt_raw, dt_bias, dt
     The fused kernel takes SiLU and conv width >= 2; anything else runs the reference. ``is_chain``
     (every row of ``parents`` is ``i - 1``) lets the kernel skip the parent walk; the reference reads ``parents``.
     ``acts_out = (xbc, dt, pre)`` (optional) receive ``xbc``, ``dt`` and a copy of ``xBC``: slices of stacked
-    buffers, so that the commit replays every layer in one launch (``replay_layers``).
+    buffers, so that the commit replays every layer in one launch (``replay_layers``). In exact numerics each node's
+    SSM state is the decode step's recurrence along its path and ``D`` may be per channel (``[H * P]``).
     """
-    ref = _load(_OPS["tree_conv_scan"][0])
+    ref = _ref("tree_conv_scan")
     op = get("tree_conv_scan", xBC.device)
     if activation not in FUSED_ACTIVATIONS or conv_w.shape[1] < 2:
         op = ref
@@ -131,8 +152,13 @@ def conv_prefill(xBC, conv_state, weight, bias):
     return get("conv_prefill", xBC.device)(xBC, conv_state, weight, bias)
 
 
-def tree_attention(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None):
-    return get("tree_attention", q.device)(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale)
+def tree_attention(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale=None, is_chain: bool = False):
+    """Attention of tree nodes over the committed keys and their ancestors. ``is_chain`` (``anc_mask`` is
+    lower-triangular: prefill, decode steps) lets the exact kernel share key loads between consecutive nodes."""
+    op = get("tree_attention", q.device)
+    if numerics.exact():
+        return op(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale, is_chain=is_chain)
+    return op(q, k_cache, v_cache, seqlen, anc_mask, softmax_scale)
 
 
 def kv_commit(k_cache, v_cache, seqlen, path, path_len):
@@ -180,9 +206,19 @@ def gated_rmsnorm(y, z, weight, group_size, eps, norm_before_gate=False):
     return get("gated_rmsnorm", y.device)(y, z, weight, group_size, eps, norm_before_gate)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for the model's projections and LM head: in exact numerics the fixed-tile GEMM (``gemm.py``),
+    else the per-row-count fastest choice (``linear.py``). Training (gradients) takes ``F.linear``."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return F.linear(x, weight, bias)
+    if numerics.exact():
+        return get("gemm", x.device)(x, weight, bias)
+    return fast_linear(x, weight, bias)
+
+
 def add_rmsnorm_linear(x, residual, norm_weight, eps, residual_in_fp32, weight, bias=None):
     """``add_rmsnorm`` then ``linear`` (a block's pre-norm and ``in_proj``): ``(y, new residual)``, in one
-    launch where ``norm_linear`` measured that faster."""
+    launch where ``norm_linear`` measured that faster (fast numerics only)."""
 
     def unfused():
         h, r = add_rmsnorm(x, residual, norm_weight, eps, residual_in_fp32)
@@ -193,12 +229,14 @@ def add_rmsnorm_linear(x, residual, norm_weight, eps, residual_in_fp32, weight, 
 
         return add_rmsnorm_linear_rows_triton(x, residual, norm_weight, eps, residual_in_fp32, weight, bias)
 
+    if numerics.exact():
+        return unfused()
     return fused() if norm_linear.use_fused("add_rmsnorm", x, weight, fused, unfused) else unfused()
 
 
 def gated_rmsnorm_linear(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias=None):
     """``gated_rmsnorm`` then ``linear`` (Mamba2's gated norm and ``out_proj``), in one launch where
-    ``norm_linear`` measured that faster."""
+    ``norm_linear`` measured that faster (fast numerics only)."""
 
     def unfused():
         return linear(gated_rmsnorm(y, z, norm_weight, group_size, eps, norm_before_gate), weight, bias)
@@ -208,4 +246,6 @@ def gated_rmsnorm_linear(y, z, norm_weight, group_size, eps, norm_before_gate, w
 
         return gated_rmsnorm_linear_rows_triton(y, z, norm_weight, group_size, eps, norm_before_gate, weight, bias)
 
+    if numerics.exact():
+        return unfused()
     return fused() if norm_linear.use_fused("gated_rmsnorm", y, weight, fused, unfused) else unfused()

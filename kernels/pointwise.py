@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "identity": lambda t: t}
+from stree.kernels import rowwise
+
+ACTIVATIONS = {"silu": rowwise.silu, "swish": rowwise.silu, "identity": lambda t: t}
 FUSED_ACTIVATIONS = ("silu", "swish")  # the ones the fused Triton kernels implement
 
 
@@ -18,7 +19,7 @@ def conv_activation(activation: str):
 
 def dt_ref(dt_raw: torch.Tensor, dt_bias: torch.Tensor, dt_limit=(0.0, float("inf"))) -> torch.Tensor:
     """``softplus(dt_raw + dt_bias)`` in float32, clamped to ``dt_limit`` when it is not (0, inf)."""
-    dt = F.softplus(dt_raw.float() + dt_bias.float())
+    dt = rowwise.softplus(dt_raw.float() + dt_bias.float())
     lo, hi = dt_limit
     if lo > 0.0 or hi < float("inf"):
         dt = dt.clamp(lo, hi)

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from stree.kernels import pdl
 from stree.kernels.pdl import pdl_enter
+from stree.kernels.recurrence_triton import carry, ssm_update
 
 
 @triton.jit
@@ -31,7 +32,7 @@ def _replay_kernel(
     s_cb, s_cn, s_cc,
     s_pb, s_pm,
     KM1: tl.constexpr, KM1_P2: tl.constexpr, DO_SSM: tl.constexpr, DO_CONV: tl.constexpr,
-    PATH_IS_ARANGE: tl.constexpr,
+    PATH_IS_ARANGE: tl.constexpr, EXACT: tl.constexpr,
     BLOCK_M: tl.constexpr, BP: tl.constexpr, BS: tl.constexpr, BLOCK_C: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -62,24 +63,38 @@ def _replay_kernel(
             st_mask = p_ok[:, None] & s_ok[None, :]
             state = tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32)
             plen = tl.load(plen_ptr + b).to(tl.int32)
-            # Loop over the path buffer's width M (not plen) so the node loads need not wait for plen.
-            for m0 in range(0, M, BLOCK_M):
-                offs_m = m0 + tl.arange(0, BLOCK_M)
-                if PATH_IS_ARANGE:
-                    node = offs_m
-                else:
-                    node = tl.load(path_ptr + b * s_pb + offs_m * s_pm, mask=offs_m < M, other=0)
-                m_ok = offs_m < plen
-                dt = tl.load(dt_ptr + b * s_db + node * s_dn + h * s_dh, mask=offs_m < M, other=0.0).to(tl.float32)
-                dt = tl.where(m_ok, dt, 0.0)
-                s = tl.cumsum(dt * A_h, 0)
-                total = tl.sum(dt * A_h, 0)
-                wgt = tl.where(m_ok, tl.exp(total - s) * dt, 0.0)
-                xs = tl.load(x_ptr + b * s_xb + node[None, :] * s_xn + h * s_xh + offs_p[:, None] * s_xp,
-                             mask=(offs_m < M)[None, :] & p_ok[:, None], other=0.0).to(tl.float32)  # [BP, M]
-                bs = tl.load(B_ptr + b * s_Bb + node[:, None] * s_Bn + g * s_Bg + offs_s[None, :] * s_Bs,
-                             mask=(offs_m < M)[:, None] & s_ok[None, :], other=0.0).to(tl.float32)  # [M, BS]
-                state = tl.exp(total) * state + tl.dot(xs * wgt[None, :], bs, input_precision="ieee")
+            if EXACT:  # the decode step's recurrence, one accepted node after another
+                for step in range(0, plen):
+                    if PATH_IS_ARANGE:
+                        node = step
+                    else:
+                        node = tl.load(path_ptr + b * s_pb + step * s_pm)
+                    xv = tl.load(x_ptr + b * s_xb + node * s_xn + h * s_xh + offs_p * s_xp, mask=p_ok,
+                                 other=0.0).to(tl.float32)
+                    bv = tl.load(B_ptr + b * s_Bb + node * s_Bn + g * s_Bg + offs_s * s_Bs, mask=s_ok,
+                                 other=0.0).to(tl.float32)
+                    dtv = tl.load(dt_ptr + b * s_db + node * s_dn + h * s_dh).to(tl.float32)
+                    state = carry(ssm_update(state, dtv, A_h, xv, bv), h_ptr.dtype.element_ty)
+            else:
+                # Loop over the path buffer's width M (not plen) so the node loads need not wait for plen.
+                for m0 in range(0, M, BLOCK_M):
+                    offs_m = m0 + tl.arange(0, BLOCK_M)
+                    if PATH_IS_ARANGE:
+                        node = offs_m
+                    else:
+                        node = tl.load(path_ptr + b * s_pb + offs_m * s_pm, mask=offs_m < M, other=0)
+                    m_ok = offs_m < plen
+                    dt = tl.load(dt_ptr + b * s_db + node * s_dn + h * s_dh, mask=offs_m < M,
+                                 other=0.0).to(tl.float32)
+                    dt = tl.where(m_ok, dt, 0.0)
+                    s = tl.cumsum(dt * A_h, 0)
+                    total = tl.sum(dt * A_h, 0)
+                    wgt = tl.where(m_ok, tl.exp(total - s) * dt, 0.0)
+                    xs = tl.load(x_ptr + b * s_xb + node[None, :] * s_xn + h * s_xh + offs_p[:, None] * s_xp,
+                                 mask=(offs_m < M)[None, :] & p_ok[:, None], other=0.0).to(tl.float32)  # [BP, M]
+                    bs = tl.load(B_ptr + b * s_Bb + node[:, None] * s_Bn + g * s_Bg + offs_s[None, :] * s_Bs,
+                                 mask=(offs_m < M)[:, None] & s_ok[None, :], other=0.0).to(tl.float32)  # [M, BS]
+                    state = tl.exp(total) * state + tl.dot(xs * wgt[None, :], bs, input_precision="ieee")
             tl.store(st_ptrs, state.to(h_ptr.dtype.element_ty), mask=st_mask)
     else:
         if DO_CONV:
@@ -108,18 +123,18 @@ def _replay_kernel(
                      val.to(cs_ptr.dtype.element_ty), mask=ch_ok[:, None] & t_ok[None, :])
 
 
-def _launch(ssm, conv, path, path_len, path_is_arange, block_p=None, block_s=None, num_warps=None):
+def _launch(ssm, conv, path, path_len, path_is_arange, block_p=None, block_s=None, num_warps=None, exact=False):
     """One launch over the SSM part ``ssm = (state, x, dt, A, Bm)`` and/or the conv part ``conv = (state, xBC)``,
     each tensor with a leading layer axis (``[L, ...]``; one layer: ``L = 1``); ``block_p``, ``block_s`` and
-    ``num_warps`` override the SSM tile."""
+    ``num_warps`` override the SSM tile. ``exact``: the SSM state steps node by node with the decode step's
+    arithmetic (``replay_exact_ref``) instead of the closed form."""
     ref = path_len
     b = path_len.shape[0]
     layers = (ssm or conv)[0].shape[0]
     if ssm is not None:
         ssm_state, x, dt, A, Bm = ssm
         h, p, s = x.shape[3], x.shape[4], Bm.shape[4]
-        # 64 headdim channels where a layer has 64+ (sequence, head) pairs to spread: measured on the H200
-        # (2026-11-27, Mamba2-2.7B, fp32 state, batch 1) the whole-model commit took 143 against 158 us at 32
+        # 64 headdim channels where a layer has 64+ (sequence, head) pairs to spread (faster than 32 there)
         bp = block_p or min(64 if b * h >= 64 else 32, max(16, triton.next_power_of_2(p)))
         bs = block_s or min(64, max(16, triton.next_power_of_2(s)))
         n_pblocks, n_sblocks = triton.cdiv(p, bp), triton.cdiv(s, bs)
@@ -155,8 +170,8 @@ def _launch(ssm, conv, path, path_len, path_is_arange, block_p=None, block_s=Non
         ssm_layer[0], conv_layer[0], *ssm_layer[1:], conv_layer[1],
         *s_h, *conv_strides[0:3], *s_x, *s_d, *s_B, *conv_strides[3:6], *path.stride(),
         KM1=km1, KM1_P2=max(2, triton.next_power_of_2(max(km1, 1))), DO_SSM=n_ssm > 0, DO_CONV=n_conv > 0,
-        PATH_IS_ARANGE=path_is_arange, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=num_warps or 4,
-        **pdl.launch_args(),
+        PATH_IS_ARANGE=path_is_arange, EXACT=exact, BLOCK_M=16, BP=bp, BS=bs, BLOCK_C=block_c, num_warps=num_warps or 4,
+        enable_fp_fusion=False, **pdl.launch_args(),
     )
 
 
@@ -171,23 +186,34 @@ def _check(ssm_state, conv_state, x, Bm, xBC, path, path_len, name="replay"):
         raise ValueError(f"{name}: conv_state {tuple(conv_state.shape)} does not match xBC {tuple(xBC.shape)}")
 
 
-def replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
-    """Triton ``replay_ref``: writes the new states into ``ssm_state`` and ``conv_state`` in place."""
+def replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len, *, exact=False):
+    """Triton ``replay_ref`` (``exact``: ``replay_exact_ref``): writes the new states into ``ssm_state`` and
+    ``conv_state`` in place."""
     _check(ssm_state, conv_state, x, Bm, xBC, path, path_len)
     _launch((ssm_state[None], x[None], dt[None], A[None], Bm[None]), (conv_state[None], xBC[None]), path, path_len,
-            False)
+            False, exact=exact)
+
+
+def replay_exact_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    """Triton ``replay_exact_ref``: the accepted path stepped node by node, as decode steps would."""
+    replay_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len, exact=True)
+
+
+def replay_layers_exact_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len):
+    """Triton ``replay_layers_exact_ref``: every layer's accepted path stepped node by node, in ONE launch."""
+    replay_layers_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len, exact=True)
 
 
 def replay_layers_triton(ssm_state, conv_state, x, dt, A, Bm, xBC, path, path_len, *, block_p=None, block_s=None,
-                         num_warps=None):
+                         num_warps=None, exact=False):
     """Triton ``replay_layers_ref``: every layer of the stacked ``[L, ...]`` tensors committed in ONE launch
-    (``block_p``, ``block_s``, ``num_warps``: the SSM tile, as ``_launch``)."""
+    (``block_p``, ``block_s``, ``num_warps``: the SSM tile, as ``_launch``; ``exact`` as ``replay_triton``)."""
     if not (ssm_state.dim() == 5 and x.dim() == 5 and A.dim() == 2 and conv_state.dim() == 4
             and len({t.shape[0] for t in (ssm_state, conv_state, x, dt, A, Bm, xBC)}) == 1):
         raise ValueError("replay_layers: every tensor needs one leading layer axis of the same length "
                          f"(ssm_state {tuple(ssm_state.shape)}, x {tuple(x.shape)}, A {tuple(A.shape)})")
     _check(ssm_state[0], conv_state[0], x[0], Bm[0], xBC[0], path, path_len, "replay_layers")
-    _launch((ssm_state, x, dt, A, Bm), (conv_state, xBC), path, path_len, False, block_p, block_s, num_warps)
+    _launch((ssm_state, x, dt, A, Bm), (conv_state, xBC), path, path_len, False, block_p, block_s, num_warps, exact)
 
 
 def replay_ssm_chain_triton(ssm_state, x, dt, A, Bm, length):

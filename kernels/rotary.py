@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from stree.kernels import rowwise
+
 _INV_FREQ: dict = {}
 
 
@@ -26,7 +28,8 @@ def rotary_ref(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, inter
     if dim == 0:
         return x
     freqs = pos.float()[..., None] * inv_freq  # [B, T, dim/2]
-    cos, sin = freqs.cos()[:, :, None, :], freqs.sin()[:, :, None, :]
+    cos = rowwise.pointwise(torch.cos, freqs)[:, :, None, :]
+    sin = rowwise.pointwise(torch.sin, freqs)[:, :, None, :]
     xr, rest = x[..., :dim].float(), x[..., dim:]
     if interleaved:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]

@@ -61,7 +61,7 @@ def rotary_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, in
     _rotary_kernel[(b * t, triton.cdiv(h, bh))](
         x, pos, inv_freq, y, t, h, d, half, *x.stride(), *pos.stride(), *y.stride(),
         BH=bh, BF=max(2, triton.next_power_of_2(half)), BD=max(2, triton.next_power_of_2(max(1, d - 2 * half))),
-        INTERLEAVED=interleaved, num_warps=2,
+        INTERLEAVED=interleaved, num_warps=2, enable_fp_fusion=False,
         **pdl.launch_args(),
     )
     return y

@@ -26,6 +26,34 @@ from stree.kernels.tree_attention import tree_attention_mask
 
 
 @triton.jit
+def load_query_rows(q_ptr, b, node, head, offs_d, r_ok, d_ok, s_qb, s_qn, s_qh, s_qd):
+    """Query rows ``(node, head)`` of sequence ``b`` (``[rows, D]``), zero outside ``r_ok x d_ok``."""
+    return tl.load(q_ptr + b * s_qb + node[:, None] * s_qn + head[:, None] * s_qh + offs_d[None, :] * s_qd,
+                   mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def softmax_fold(q, k, v, vis, m_i, l_i, acc, qk_scale, HALF: tl.constexpr):
+    """One block of keys ``k`` ``[D, BN]`` and values ``v`` ``[BN, D]``, visible to a row where ``vis``
+    ``[rows, BN]``, folded into the online softmax state ``(max, sum, acc)`` (scores in log2 units)."""
+    if HALF:
+        s = tl.dot(q, k)
+    else:
+        s = tl.dot(q, k, input_precision="ieee")
+    s = tl.where(vis, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if HALF:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attn_block(q, m_i, l_i, acc, j0, limit, sl, k_row, v_row, anc_row, r_ok, offs_d, d_ok,
                 s_kl, s_kd, s_vl, s_vd, s_aj, qk_scale,
                 BN: tl.constexpr, HALF: tl.constexpr, TREE: tl.constexpr):
@@ -33,27 +61,13 @@ def _attn_block(q, m_i, l_i, acc, j0, limit, sl, k_row, v_row, anc_row, r_ok, of
     cols = j0 + tl.arange(0, BN)
     c_ok = cols < limit
     k = tl.load(k_row + cols[None, :] * s_kl + offs_d[:, None] * s_kd, mask=c_ok[None, :] & d_ok[:, None], other=0.0)
-    if HALF:
-        s = tl.dot(q, k)
-    else:
-        s = tl.dot(q, k, input_precision="ieee")
     if TREE:  # tree slots: visible iff the key's node is an ancestor of (or is) the query's node
         anc = tl.load(anc_row + (cols - sl)[None, :] * s_aj, mask=r_ok[:, None] & c_ok[None, :], other=0)
         vis = anc != 0
     else:  # committed slots: visible to every node
         vis = c_ok[None, :] & r_ok[:, None]
-    s = tl.where(vis, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_row + cols[:, None] * s_vl + offs_d[None, :] * s_vd, mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-    if HALF:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-    return m_new, l_i, acc
+    return softmax_fold(q, k, v, vis, m_i, l_i, acc, qk_scale, HALF)
 
 
 @triton.jit
@@ -84,8 +98,7 @@ def _tree_attn_split_kernel(
     head = hk * group + r % group
     offs_d = tl.arange(0, BD)
     d_ok = offs_d < D
-    q = tl.load(q_ptr + b * s_qb + node[:, None] * s_qn + head[:, None] * s_qh + offs_d[None, :] * s_qd,
-                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    q = load_query_rows(q_ptr, b, node, head, offs_d, r_ok, d_ok, s_qb, s_qn, s_qh, s_qd)
     sl = tl.load(seqlen_ptr + b).to(tl.int32)
     # Keys past this block's last node are never visible to it.
     last = tl.minimum(N, ((pid_m + 1) * BM - 1) // group + 1)

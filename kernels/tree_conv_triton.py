@@ -13,6 +13,7 @@ import triton.language as tl
 
 from stree.kernels import pdl
 from stree.kernels.pdl import pdl_enter
+from stree.kernels.recurrence_triton import conv_finish, conv_tap, softplus_dt
 from stree.kernels.tree_scan_triton import small_tree_ranges
 
 MIN_PROGRAMS = 128
@@ -20,32 +21,38 @@ MIN_PROGRAMS = 128
 
 
 @triton.jit
+def _ancestor(cur, par_b, row_ok, s_pn, IS_CHAIN: tl.constexpr):
+    """One step up: a tree node's parent, the root's -1, and -m (the m-th most recent committed input) to -m-1."""
+    if IS_CHAIN:
+        return cur - 1
+    up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
+    return tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
+
+
+@triton.jit
 def tree_conv_tile(xbc_b, cs_b, w_ptr, bias_ptr, par_b, rows, row_ok, ch, ch_ok,
                    s_xn, s_xc, s_sc, s_sk, s_wc, s_wk, s_pn,
                    K: tl.constexpr, HAS_BIAS: tl.constexpr, IS_CHAIN: tl.constexpr):
     """``silu(conv)`` in fp32 of channels ``ch`` of the tree nodes ``rows`` of one sequence (``xbc_b``,
-    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Tap k is the k-th ancestor."""
+    ``cs_b``, ``par_b`` point at it), zero outside ``row_ok x ch_ok``. Taps oldest first, as the decode step
+    takes them (``recurrence_triton.conv_tap``): tap j is the node's (K-1-j)-th ancestor, or a committed input."""
     ok = row_ok[:, None] & ch_ok[None, :]
     acc = tl.zeros([rows.shape[0], ch.shape[0]], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
-    # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
-    cur = rows
-    for k in tl.static_range(K):
-        wk = tl.load(w_ptr + ch * s_wc + (K - 1 - k) * s_wk, mask=ch_ok, other=0.0).to(tl.float32)
+    for j in tl.static_range(K):
+        # cur >= 0: a tree node; cur == -m: the m-th most recent committed input (state column K-1-m).
+        cur = rows
+        for _ in tl.static_range(K - 1 - j):
+            cur = _ancestor(cur, par_b, row_ok, s_pn, IS_CHAIN)
         in_tree = cur >= 0
         v_tree = tl.load(xbc_b + cur[:, None] * s_xn + ch[None, :] * s_xc, mask=ok & in_tree[:, None], other=0.0)
         col = K - 1 + cur
         v_state = tl.load(cs_b + ch[None, :] * s_sc + col[:, None] * s_sk,
                           mask=ok & (~in_tree & (col >= 0))[:, None], other=0.0)
-        acc += (v_tree.to(tl.float32) + v_state.to(tl.float32)) * wk[None, :]
-        if k + 1 < K:
-            if IS_CHAIN:
-                cur = cur - 1
-            else:
-                up = tl.load(par_b + cur * s_pn, mask=row_ok & (cur > 0), other=0).to(tl.int32)
-                cur = tl.where(cur > 0, tl.minimum(tl.maximum(up, -1), cur - 1), cur - 1)
-    return tl.where(ok, acc * tl.sigmoid(acc), 0.0)
+        wj = tl.load(w_ptr + ch * s_wc + j * s_wk, mask=ch_ok, other=0.0)
+        acc = conv_tap(acc, tl.where(in_tree[:, None], v_tree.to(tl.float32), v_state.to(tl.float32)), wj[None, :])
+    bias = tl.load(bias_ptr + ch, mask=ch_ok, other=0.0)[None, :] if HAS_BIAS else 0.0
+    acc = conv_finish(acc, bias, HAS_BIAS, True)
+    return tl.where(ok, acc, 0.0)
 
 
 @triton.jit
@@ -107,15 +114,6 @@ def store_tree_acts(out_ptr, dt_ptr, pre_ptr, xbc_b, b, h, pid_p, heads_per_grou
 
 
 @triton.jit
-def softplus_dt(v, dt_lo, dt_hi, CLAMP: tl.constexpr):
-    """``softplus(v)`` (``v = dt_raw + dt_bias`` in fp32), clamped to ``[dt_lo, dt_hi]`` when ``CLAMP``."""
-    v = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
-    if CLAMP:
-        v = tl.minimum(tl.maximum(v, dt_lo), dt_hi)
-    return v
-
-
-@triton.jit
 def _tree_conv_kernel(
     xbc_ptr, cs_ptr, w_ptr, bias_ptr, par_ptr, out_ptr,
     N, C,
@@ -159,10 +157,7 @@ def _tree_conv_kernel(
 
 def conv_tile_setting(n: int, c: int, b: int, block_c=None, num_warps=None) -> tuple[int, int, int]:
     """``(block_n, block_c, num_warps)`` of the tree conv: channel blocks narrow enough that a one-sequence tree
-    fills the GPU (at least ``MIN_PROGRAMS`` programs), since every program walks its nodes' ancestors serially.
-    Measured on the H200 (2026-11-27, bf16, Mamba2-2.7B layer, batch 1, dt and pre-conv copy included): 32 nodes
-    3.31 us at 32 channels x 4 warps against 6.63 at the old 128 x 4 (and 8.5 before the dt work got programs of its
-    own); 16 nodes 2.54 against 4.03."""
+    fills the GPU (at least ``MIN_PROGRAMS`` programs), since every program walks its nodes' ancestors serially."""
     block_n = min(32, max(16, triton.next_power_of_2(n)))
     if block_c is None:
         block_c = 128
@@ -214,7 +209,7 @@ def tree_conv1d_triton(xBC, conv_state, weight, bias, parents, activation="silu"
         pre if pre is not None else out, *(pre if pre is not None else out).stride(), n_cblocks,
         K=width, HAS_BIAS=bias is not None, IS_CHAIN=is_chain, BLOCK_N=block_n, BLOCK_C=block_c,
         HAS_DT=dt is not None, CLAMP=clamp, BLOCK_H=block_h, HAS_PRE=pre is not None,
-        num_warps=warps,
+        num_warps=warps, enable_fp_fusion=False,
         **pdl.launch_args(),
     )
     return out

@@ -256,13 +256,15 @@ def check_tree_scan_inputs(x, dt, A, Bm, Cm, D, parents, ssm_state) -> None:
 
 
 def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_chain=False,
-                     block_m=None, block_p=None, block_s=None, heads_per_program=None, num_warps=None):
+                     block_m=None, block_p=None, block_s=None, heads_per_program=None, num_warps=None,
+                     tile_nodes=None):
     """Triton ``tree_scan_ref``: ``y`` ``[B, N, H, P]`` in ``x``'s dtype; ``ssm_state`` is read only.
 
     ``is_chain=True`` treats every tree as the chain ``parents[i] = i - 1`` (``parents`` unused),
     which prefill uses. ``out`` (optional) receives ``y``. Trees of up to ``SMALL_MAX_NODES`` nodes
     run in the single-tile kernel unless ``block_m`` asks for a smaller node tile; the other
-    keywords override the tiling (see ``stree bench kernels --sweep``).
+    keywords override the tiling (see ``stree bench kernels --sweep``). ``tile_nodes`` pins the single tile's node
+    count (at least ``n``), so every shorter input is computed in the same tile (the exact numerics' prefill).
     """
     check_tree_scan_inputs(x, dt, A, Bm, Cm, D, parents, ssm_state)
     b, n, h, p = x.shape
@@ -272,7 +274,7 @@ def tree_scan_triton(x, dt, A, Bm, Cm, D, parents, ssm_state, *, out=None, is_ch
     if y.shape != x.shape or y.dtype != x.dtype:
         raise ValueError(f"tree_scan: out {tuple(y.shape)} {y.dtype} must match x {tuple(x.shape)} {x.dtype}")
     half = x.dtype in (torch.float16, torch.bfloat16)
-    bn = max(16, triton.next_power_of_2(n))
+    bn = max(16, triton.next_power_of_2(n), tile_nodes or 0)
     bp = block_p or min(32, max(16, triton.next_power_of_2(p)))
     common = (x, dt, A, Bm, Cm, D, parents, ssm_state, y)
     strides = tuple(t.stride() for t in (x, dt, Bm, Cm, parents, ssm_state, y))

@@ -42,6 +42,15 @@ PDL = _declare(
     "Programmatic dependent launch for the Triton kernels on Hopper GPUs (`off` for debugging or profiling one "
     "kernel at a time; outputs are the same bits either way).",
     ("on", "off"))
+NUMERICS = _declare(
+    "STREE_NUMERICS", "exact",
+    "How the model's ops round: `exact` (the default, every dtype) computes every row the same way whatever the row "
+    "count, batch, tree shape or step, so speculative greedy output is bit-identical to plain greedy in bf16/fp16 too "
+    "(one fixed-tile GEMM for every projection and the LM head, a fixed key split in attention, the decode step's "
+    "recurrence walked along every tree path and replayed at commit); `fast` keeps the per-shape fastest kernels "
+    "(cuBLAS or few-row GEMMs chosen by timing, fused norm prologues, the chunked tree scan), whose rounding depends "
+    "on the row count and tree shape.",
+    ("exact", "fast"))
 API_KEY = _declare(
     "STREE_API_KEY", None,
     "The API key servers require (`Authorization: Bearer KEY`) when `--api-key` is not given; empty or unset: none.",

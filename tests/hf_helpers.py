@@ -148,6 +148,21 @@ def write_llama_as_mambainllama(hf, out):
     return out
 
 
+def tiny_pair(name: str, root) -> dict:
+    """Target and draft checkpoint folders for family ``name`` (a ``BUILDERS`` key, ``mamba2`` or ``mambainllama``),
+    written in that family's own format."""
+    if name == "mamba2":
+        return {"target": save_tiny(mamba2_tiny(), root / "t"), "draft": save_tiny(mamba2_tiny(num_hidden_layers=1),
+                                                                                   root / "d")}
+    if name == "mambainllama":
+        return {"target": write_mambainllama(root / "t", *mambainllama_tiny(3, [1])),
+                "draft": write_mambainllama(root / "d", *mambainllama_tiny(1, [], seed=1))}
+    return {"target": save_tiny(BUILDERS[name](), root / "t"), "draft": save_tiny(BUILDERS[name](**DRAFTS[name]), root / "d")}
+
+
+FAMILIES = sorted(BUILDERS) + ["mamba2", "mambainllama"]
+
+
 def _tf():
     import transformers
 

@@ -20,12 +20,13 @@ BENCH_MODULES = [
     "stree.bench.admission",
     "stree.bench.isolation",
     "stree.bench.scale_pair",
+    "stree.bench.numerics",
 ]
 
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, "
-                                                "rpc, serve, admission, isolation, scale-pair)")
+                                                "rpc, serve, admission, isolation, scale-pair, numerics)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:

@@ -10,7 +10,7 @@ import stree
 from stree.kernels import backend
 from stree.protocols.token_tree import TokenTree
 from stree.verifier.model.checkpoint import load_model
-from hf_helpers import BUILDERS, DRAFTS, build_tiny, mamba2_tiny, mambainllama_tiny, save_tiny, write_mambainllama
+from hf_helpers import BUILDERS, DRAFTS, build_tiny, save_tiny, tiny_pair
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -32,20 +32,9 @@ def _run(name: str, dirs, kernels: str):
         backend.use(None)
 
 
-def _tiny_pair(name: str, root) -> dict:
-    """Target and draft checkpoint folders for family ``name``, written in that family's own format."""
-    if name == "mamba2":
-        return {"target": save_tiny(mamba2_tiny(), root / "t"), "draft": save_tiny(mamba2_tiny(num_hidden_layers=1),
-                                                                                   root / "d")}
-    if name == "mambainllama":
-        return {"target": write_mambainllama(root / "t", *mambainllama_tiny(3, [1])),
-                "draft": write_mambainllama(root / "d", *mambainllama_tiny(1, [], seed=1))}
-    return {"target": save_tiny(BUILDERS[name](), root / "t"), "draft": save_tiny(BUILDERS[name](**DRAFTS[name]), root / "d")}
-
-
 @pytest.mark.parametrize("name", sorted(BUILDERS) + ["mamba2", "mambainllama"])
 def test_triton_path_equals_reference_path(name, tmp_path):
-    dirs = _tiny_pair(name, tmp_path)
+    dirs = tiny_pair(name, tmp_path)
     ref_scores, ref_outs = _run(name, dirs, "torch")
     tri_scores, tri_outs = _run(name, dirs, "triton")
     torch.testing.assert_close(tri_scores, ref_scores, atol=2e-3, rtol=2e-3)

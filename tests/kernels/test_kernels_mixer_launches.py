@@ -11,7 +11,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from stree.bench.launches import count_launches, mixer_launches  # noqa: E402
-from stree.kernels import backend  # noqa: E402
+from stree.kernels import backend, numerics  # noqa: E402
 from stree.verifier.model.config import ModelConfig  # noqa: E402
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer  # noqa: E402
 
@@ -44,7 +44,8 @@ def test_mixer_step_fused_equals_reference_at_batch_3(ssm):
                     outs.append(mixer.step(u, st))
                 torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(states[1].ssm_state, states[0].ssm_state, atol=1e-5, rtol=1e-5)
-                assert torch.equal(states[1].conv_state, states[0].conv_state)
+                # in_proj rounds differently in the two backends' GEMMs, and the conv state keeps its output
+                torch.testing.assert_close(states[1].conv_state, states[0].conv_state, atol=1e-5, rtol=1e-5)
     finally:
         backend.use(None)
 
@@ -71,13 +72,20 @@ def test_mixer_tree_fused_equals_reference(ssm):
         torch.testing.assert_close(getattr(a1, name), getattr(a0, name), atol=1e-5, rtol=1e-5)
 
 
-def test_fused_paths_launch_three_three_and_one_kernels_per_layer():
-    """No copy of z (a column slice of in_proj's output) before the fused gated norm + out_proj, at 2 rows or 8."""
-    mixer = _mixer()
-    mixer_launches(mixer, batch=2, nodes=4, which="triton")  # first call allocates the arrival counters
-    counts = mixer_launches(mixer, batch=2, nodes=4, which="triton")
-    assert counts["step"] == 3  # in_proj, fused step, gated norm + out_proj
-    assert counts["tree"] == 3  # in_proj, tree conv + dt + scan, gated norm + out_proj
+@pytest.mark.parametrize("mode,step,tree", [("fast", 3, 3), ("exact", 4, 5)])
+def test_fused_paths_launch_few_kernels_per_layer(mode, step, tree):
+    """Fast: in_proj (norm fused), fused step or tree conv + dt + scan, gated norm + out_proj; no copy of z (a column
+    slice of in_proj's output) before the fused gated norm + out_proj. Exact: the norms are their own launches (no
+    timed fusion) and the tree pass is the tree conv then the walk. One commit launch either way."""
+    numerics.use(mode)
+    try:
+        mixer = _mixer()
+        mixer_launches(mixer, batch=2, nodes=4, which="triton")  # first call allocates the arrival counters
+        counts = mixer_launches(mixer, batch=2, nodes=4, which="triton")
+    finally:
+        numerics.use(None)
+    assert counts["step"] == step
+    assert counts["tree"] == tree
     assert counts["commit"] == 1
     with count_launches() as c:
         torch.ones(2).add_(1)

@@ -1,6 +1,6 @@
-"""A norm fused into the projection after it (``ops.add_rmsnorm_linear``, ``ops.gated_rmsnorm_linear``): the
-ops equal their references, and a whole model's step and tree pass through the fused launches equal the
-reference backend (CPU interpreter, fp32)."""
+"""A norm fused into the projection after it (``ops.add_rmsnorm_linear``, ``ops.gated_rmsnorm_linear``; fast
+numerics only, which these tests run in): the ops equal their references, and a whole model's step and tree pass
+through the fused launches equal the reference backend (CPU interpreter, fp32)."""
 
 import os
 
@@ -14,8 +14,15 @@ pytest.importorskip("triton")
 from kernel_trees import on_each_backend  # noqa: E402
 from stree import TreeBatch  # noqa: E402
 from stree.bench.launches import count_launches  # noqa: E402
-from stree.kernels import ops  # noqa: E402
+from stree.kernels import numerics, ops  # noqa: E402
 from stree.kernels.norm_linear import add_rmsnorm_linear_ref, gated_rmsnorm_linear_ref  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fast_numerics():
+    numerics.use("fast")
+    yield
+    numerics.use(None)
 
 
 def test_ops_on_the_reference_backend_are_the_references():

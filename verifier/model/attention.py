@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stree.kernels import ops
+from stree.kernels import ops, rowwise
 from stree.kernels.backend import capturing
 
 from stree.verifier.model.config import ModelConfig
@@ -66,7 +66,7 @@ class Attention(nn.Module):
         ctx = ctx.reshape(*ctx.shape[:2], self.num_heads * self.head_dim)
         if self.mlp_dim > 0:
             up, gate = x_mlp.chunk(2, dim=-1)
-            ctx = torch.cat([ctx, up * F.silu(gate)], dim=-1)
+            ctx = torch.cat([ctx, up * rowwise.silu(gate)], dim=-1)
         return self.out_proj(ctx)
 
     def _write(self, state: AttnLayerState, seqlen: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -87,10 +87,11 @@ class Attention(nn.Module):
         state.k_cache[rows, slots] = k.to(state.k_cache.dtype)
         state.v_cache[rows, slots] = v.to(state.v_cache.dtype)
 
-    def _attend(self, u, state, seqlen, pos, anc_mask, lengths=None):
+    def _attend(self, u, state, seqlen, pos, anc_mask, lengths=None, is_chain: bool = False):
         q, k, v, x_mlp = self._qkv(u, pos)
         self._write(state, seqlen, k, v, lengths)
-        ctx = ops.tree_attention(q, state.k_cache, state.v_cache, seqlen, anc_mask, self.softmax_scale)
+        ctx = ops.tree_attention(q, state.k_cache, state.v_cache, seqlen, anc_mask, self.softmax_scale,
+                                 is_chain=is_chain)
         return self._out(ctx, x_mlp)
 
     # ----- modes ----------------------------------------------------------------------------
@@ -112,11 +113,11 @@ class Attention(nn.Module):
         b, t = u.shape[:2]
         ar = torch.arange(t, device=u.device)
         chain = (ar[None, :] <= ar[:, None])[None].expand(b, t, t)
-        return self._attend(u, state, seqlen, seqlen[:, None] + ar[None, :], chain, lengths)
+        return self._attend(u, state, seqlen, seqlen[:, None] + ar[None, :], chain, lengths, is_chain=True)
 
     def step(self, u, state: AttnLayerState, seqlen: torch.Tensor) -> torch.Tensor:
         one = torch.ones(u.shape[0], 1, 1, dtype=torch.bool, device=u.device)
-        return self._attend(u[:, None], state, seqlen, seqlen[:, None], one)[:, 0]
+        return self._attend(u[:, None], state, seqlen, seqlen[:, None], one, is_chain=True)[:, 0]
 
     def tree(self, u, state: AttnLayerState, seqlen, depth, anc_mask):
         return self._attend(u, state, seqlen, seqlen[:, None] + depth, anc_mask)

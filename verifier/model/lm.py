@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from stree.kernels import ops
+from stree.kernels import ops, rowwise
 from stree.kernels.backend import capturing
 from stree.protocols.token_tree import ancestor_mask
 from stree.protocols.token_tree import TokenTree, TreeBatch
@@ -45,7 +44,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x):
         a, g = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(a * F.silu(g))
+        return self.fc2(a * rowwise.silu(g))
 
 
 class Block(nn.Module):
@@ -264,7 +263,8 @@ class StreeLM(WeightsHome, nn.Module):
 
     def _logits(self, hidden, residual, head: "TrimmedHead | None" = None, return_hidden: bool = False):
         """Logits (and, with ``return_hidden``, the final-norm hidden states they were read from). The final
-        RMSNorm runs as the LM head's prologue (one launch) where ``norm_linear`` measured that faster."""
+        RMSNorm runs as the LM head's prologue (one launch) where ``norm_linear`` measured that faster (fast
+        numerics)."""
         norm, last = self.backbone.norm_f, self.backbone.layers[-1]
         if head is None and not return_hidden and isinstance(norm, nn.RMSNorm):
             logits, _ = ops.add_rmsnorm_linear(hidden, residual, norm.weight, norm.eps, last.residual_in_fp32,

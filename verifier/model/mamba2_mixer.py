@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from stree.kernels import ops
+from stree.kernels import numerics, ops, rowwise
+from stree.kernels.pointwise import dt_ref
 from stree.kernels.tree_conv_scan import split_xbc
 
 from stree.verifier.model.config import ModelConfig
@@ -101,11 +101,7 @@ class Mamba2Mixer(nn.Module):
         return z0, x0, z, xBC, dt
 
     def _dt(self, dt_raw: torch.Tensor) -> torch.Tensor:
-        dt = F.softplus(dt_raw.float() + self.dt_bias.float())
-        lo, hi = self.dt_limit
-        if lo > 0.0 or hi < float("inf"):
-            dt = dt.clamp(lo, hi)
-        return dt
+        return dt_ref(dt_raw, self.dt_bias, self.dt_limit)
 
     def _A(self) -> torch.Tensor:
         """``A = -exp(A_log)`` in float32, cached until ``A_log`` changes (saves kernels per step)."""
@@ -124,10 +120,11 @@ class Mamba2Mixer(nn.Module):
     def _split_xbc(self, xbc: torch.Tensor):
         return split_xbc(xbc, self.ngroups, self.headdim, self.d_state)
 
-    def _finish(self, y: torch.Tensor, x: torch.Tensor, z, z0, x0) -> torch.Tensor:
-        """Gated norm, the optional MLP half of in_proj, and out_proj."""
+    def _finish(self, y: torch.Tensor, x: torch.Tensor, z, z0, x0, d_done: bool = False) -> torch.Tensor:
+        """Gated norm, the optional MLP half of in_proj, and out_proj (after a per-channel D skip unless the scan
+        already added it: ``d_done``)."""
         y = y.reshape(*y.shape[:-2], self.d_ssm)
-        if self.D_has_hdim:
+        if self.D_has_hdim and not d_done:
             y = y + x.reshape(y.shape) * self.D.to(y.dtype)
         return self._gate_out(y, z, z0, x0)
 
@@ -137,9 +134,9 @@ class Mamba2Mixer(nn.Module):
             n = self.norm
             return ops.gated_rmsnorm_linear(y, z, n.weight, n.group_size, n.eps, n.norm_before_gate,
                                             self.out_proj.weight, self.out_proj.bias)
-        y = self.norm(y, z) if self.rmsnorm else y * F.silu(z)
+        y = self.norm(y, z) if self.rmsnorm else y * rowwise.silu(z)
         if self.d_mlp > 0:
-            y = torch.cat([F.silu(z0) * x0, y], dim=-1)
+            y = torch.cat([rowwise.silu(z0) * x0, y], dim=-1)
         return self.out_proj(y)
 
     @property
@@ -192,13 +189,14 @@ class Mamba2Mixer(nn.Module):
         ``is_chain``: every row of ``parents`` is the chain ``i - 1`` (lets the kernel skip the parent walk).
         ``acts_out``: ``(xbc, dt, xBC)`` buffers the commit's activations go to (slices of a model-wide stack)."""
         z0, x0, z, xBC, dt_raw = self._split_in(u)
+        exact = numerics.exact()  # the decode step's own D skip (per channel too), inside the scan
         y, xbc, dt = ops.tree_conv_scan(xBC, state.conv_state, self._conv_w, self.conv1d.bias, parents, dt_raw,
                                         self.dt_bias, self.dt_limit, getattr(self, "activation", "silu"), self._A(),
-                                        self._D(), self.ngroups, self.headdim, state.ssm_state, is_chain=is_chain,
-                                        acts_out=acts_out)
+                                        self.D if exact else self._D(), self.ngroups, self.headdim, state.ssm_state,
+                                        is_chain=is_chain, acts_out=acts_out)
         x, Bm, _ = self._split_xbc(xbc)
         pre = acts_out[2] if acts_out is not None else xBC
-        return self._finish(y, x, z, z0, x0), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=pre)
+        return self._finish(y, x, z, z0, x0, d_done=exact), MambaTreeActs(x=x, dt=dt, Bm=Bm, xBC=pre)
 
     def commit(self, state: MambaLayerState, acts: MambaTreeActs, path, path_len) -> None:
         """Advance ``state`` along the accepted path by activation replay (in place)."""

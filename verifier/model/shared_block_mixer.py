@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from stree.kernels import ops
+from stree.kernels import ops, rowwise
 
 from stree.verifier.model.attention import Attention
 from stree.verifier.model.config import ModelConfig
@@ -22,7 +21,7 @@ from stree.verifier.model.linear import Linear
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer, MambaTreeActs
 from stree.verifier.model.parallel_mixer import ParallelLayerState
 
-MLP_ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "silu": F.silu}
+MLP_ACTIVATIONS = {"gelu": rowwise.gelu, "silu": rowwise.silu}
 
 
 def _rmsnorm(norm: nn.RMSNorm, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

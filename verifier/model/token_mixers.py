@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stree.kernels import numerics, ops, rowwise
 from stree.verifier.model.linear import Linear
 
 
@@ -23,7 +24,23 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
-ACTIVATIONS = {"relu2": relu2, "silu": F.silu}
+ACTIVATIONS = {"relu2": relu2, "silu": rowwise.silu}
+
+
+def per_expert(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[T, E, out]``: expert e's ``weight[e]`` (``[E, out, in]``) applied to ``x`` (``[T, in]``, or ``[T, E, in]``:
+    expert e's own input). In exact numerics one ``ops.linear`` per expert (a row's result independent of the
+    token count), else one einsum."""
+    own = x.dim() == 3
+    if numerics.exact():
+        return torch.stack([ops.linear(x[:, e] if own else x, weight[e]) for e in range(weight.shape[0])], 1)
+    return torch.einsum("ted,eid->tei" if own else "td,eid->tei", x, weight)
+
+
+def mix_chosen(out: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``sum_k weights[:, k] out[:, idx[:, k]]`` (``out`` ``[T, E, d]``) in float32, summed in a fixed order."""
+    chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))  # [T, k, d]
+    return rowwise.fixed_sum(chosen.float() * weights[..., None], 1).to(dtype)
 
 
 class TokenMLP(nn.Module):
@@ -50,10 +67,8 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every expert on every token (shape-static, so it graphs), then the chosen ones mixed by ``weights``."""
-        h = self.act(torch.einsum("td,eid->tei", x, self.up_proj))
-        out = torch.einsum("tei,edi->ted", h, self.down_proj)  # [T, E, d]
-        chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))  # [T, k, d]
-        return (chosen.float() * weights[..., None]).sum(1).to(x.dtype)
+        out = per_expert(self.act(per_expert(x, self.up_proj)), self.down_proj)  # [T, E, d]
+        return mix_chosen(out, idx, weights, x.dtype)
 
 
 class SigmoidRouter(nn.Module):
@@ -68,17 +83,17 @@ class SigmoidRouter(nn.Module):
         self.norm_topk, self.scale = norm_topk, scale
 
     def forward(self, x: torch.Tensor):
-        scores = torch.sigmoid(x.float() @ self.weight.float().t())  # [T, E]
+        scores = rowwise.sigmoid(ops.linear(x.float(), self.weight.float()))  # [T, E]
         choice = scores + self.e_score_correction_bias.float()
         if self.n_group > 1:
             grouped = choice.view(choice.shape[0], self.n_group, -1)
-            group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
+            group_scores = rowwise.fixed_sum(grouped.topk(2, dim=-1)[0], -1)
             keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(self.topk_group, dim=-1)[1], 1.0)
             choice = choice.masked_fill(~keep.bool()[..., None].expand_as(grouped).reshape_as(choice), float("-inf"))
         idx = choice.topk(self.top_k, dim=-1)[1]
         weights = scores.gather(1, idx)
         if self.norm_topk:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+            weights = weights / (rowwise.fixed_sum(weights, -1)[..., None] + 1e-20)
         return idx, weights * self.scale
 
 
@@ -141,15 +156,14 @@ class SoftmaxMoEMLP(nn.Module):
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.router(x).float()
         top, idx = logits.topk(self.top_k, dim=-1)
-        weights = torch.softmax(top, dim=-1)
-        gate, up = torch.einsum("td,eid->tei", x, self.gate_up_proj).chunk(2, dim=-1)
-        out = torch.einsum("tei,edi->ted", F.silu(gate) * up, self.down_proj)  # every expert: shape-static
-        chosen = out.gather(1, idx[..., None].expand(*idx.shape, out.shape[-1]))
-        return (chosen.float() * weights[..., None]).sum(1).to(x.dtype)
+        weights = rowwise.softmax(top, dim=-1)
+        gate, up = per_expert(x, self.gate_up_proj).chunk(2, dim=-1)
+        out = per_expert(rowwise.silu(gate) * up, self.down_proj)  # every expert: shape-static
+        return mix_chosen(out, idx, weights, x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.shared_in(x).chunk(2, dim=-1)
-        shared = self.shared_out(F.silu(gate) * up)
+        shared = self.shared_out(rowwise.silu(gate) * up)
         if not self.routed:
             return shared
         return self._routed(x.reshape(-1, x.shape[-1])).reshape(x.shape) + shared

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Exact numerics on the lent GPU: the exact GPU tests (every op's rows invariant in bf16/fp16; speculative greedy
+# equals plain greedy for every drafter, batch and model family), then `stree bench numerics` (the 2.7B-shape
+# decode step and 16/32-node verify steps at batch 1/16/64, exact against fast against mamba_ssm with causal-conv1d).
+# Each part fits one device call: PARTS=tests, then PARTS=bench (default: both).
+# Usage (repo root): [PARTS=tests|bench] bench/numerics_gpu.sh OUT_DIR [TAG]
+set -euo pipefail
+source bench/gpu_start.sh "$@"
+parts=" ${PARTS:-tests bench} "
+if [[ "$parts" == *" tests "* ]]; then
+  (timeout "${GPU_TEST_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
+    ${GPU_TEST_PATHS:-tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py} \
+    > "$out/numerics-tests-$tag.txt" 2>&1 || true)
+  grep -E "passed|failed|^FAILED|Error" "$out/numerics-tests-$tag.txt" | tail -20
+fi
+if [[ "$parts" == *" bench "* ]]; then
+  python3 -m stree.cli bench numerics ${NUMERICS_ARGS:-} --out "$out/numerics-$tag.json" 2>&1 | grep -v '^\[numerics\]'
+fi
