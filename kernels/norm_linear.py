@@ -5,8 +5,8 @@ Per Mamba2 layer that removes two of the five launches of a decode step or tree 
 few-row kernel (``linear_rows_triton``, ``PRO`` 1/2) wins depends on the shape, so, like
 ``linear.choose_rows``, the first eager call per (kind, rows, shapes, dtype) times it against the
 norm kernel followed by ``ops.linear`` and keeps the faster; under capture an undecided shape runs unfused.
-Measured on the H100 (ad hoc, BENCHMARKS.md §0h): fusion wins on the demo pair and the 130M shape at 1-4
-rows and loses at the 2.7B shape (each program re-reads the whole input row for the norm).
+Fusion tends to win at small widths and few rows and to lose at wide layers, where each program re-reads the
+whole input row for the norm.
 """
 
 from __future__ import annotations

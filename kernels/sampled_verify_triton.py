@@ -3,8 +3,8 @@
 The program holds the tree in registers (as the greedy kernel does) and streams the vocabulary in blocks: the
 target's law at the current node stays implicit (softmax statistics of its logits row, one pass) until a
 rejection turns it into a residual in a per-row scratch row; the bonus token is drawn by inverse CDF in two
-passes. Greedy rows (temperature 0) take the greedy kernel's rule in the same launch. Replaces a few hundred
-small PyTorch launches per step at T > 0 (about 0.8 ms of a chain:4 step on the demo pair, BENCHMARKS.md §0k).
+passes. Greedy rows (temperature 0) take the greedy kernel's rule in the same launch, instead of a few hundred
+small PyTorch launches per step at T > 0.
 The reference (``sampled_verify.sampled_verify_ref``) defines the law. Top-k / top-p arrive as logits already
 filtered to ``-inf`` (``protocols.sampling.filter_logits_rows``, called by ``ops.sampled_verify``): the kernel
 itself only knows temperature.

@@ -164,8 +164,8 @@ def _tree_attn_combine_kernel(
 
 MIN_CHUNK = 64
 """Fewest keys per split slice (on the device, from ``seqlen``): short caches use few slices. One key block (64):
-a one-token decode over a few hundred keys then runs a block per program in parallel, where 256 ran four blocks
-one after another in each of two programs (BENCHMARKS.md §0s)."""
+a one-token decode over a few hundred keys then runs a block per program in parallel rather than several blocks one
+after another in each of a few programs."""
 SMALL_ROWS = 16
 """Row blocks of at most this many (node, query head) rows take a 16-row tile, the smallest ``tl.dot`` takes: a
 decode step has one row per KV head, which the 32/64-row tile computed 32-64 times over."""
