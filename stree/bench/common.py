@@ -27,13 +27,23 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def add_device_args(p, dtype: str) -> None:
-    """``--device`` (default: CUDA when there is one) and ``--dtype`` (bfloat16 or float32, default ``dtype``)."""
+    """``--device`` (default: CUDA when there is one), ``--dtype`` (bfloat16 or float32, default ``dtype``) and
+    ``--numerics``."""
+    from stree.kernels import numerics
+
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", choices=list(DTYPES), default=dtype)
+    p.add_argument("--numerics", choices=list(numerics.CHOICES), default=None,
+                   help="exact: speculative output equals plain decoding bit for bit; fast: per-shape timed kernels "
+                        "(default: $STREE_NUMERICS, else exact)")
 
 
 def device_and_dtype(args) -> tuple[torch.device, torch.dtype]:
-    """The torch device and dtype that ``--device`` and ``--dtype`` name."""
+    """The torch device and dtype that ``--device`` and ``--dtype`` name (``--numerics`` takes effect here)."""
+    from stree.kernels import numerics
+
+    if getattr(args, "numerics", None):
+        numerics.use(args.numerics)
     return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")), DTYPES[args.dtype]
 
 

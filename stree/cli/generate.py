@@ -6,6 +6,8 @@ import json
 
 import torch
 
+from stree.kernels import numerics
+
 from stree.cli.timing import noise_warning, noisy, time_interleaved
 from stree.protocols.tree_shape import SHAPE_HELP
 from stree.protocols.drafter import DraftBudget
@@ -64,6 +66,8 @@ def compare_with_plain(call, drafter: str, runs: int, max_new_tokens: int, tempe
 
 
 def run(args) -> int:
+    if args.numerics:
+        numerics.use(args.numerics)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
     model = load_model(args.model_dir, device=device, dtype=dtype)
@@ -147,6 +151,9 @@ def add_parser(sub) -> None:
                    help="folder with tokenizer.json / tokenizer_config.json (default: MODEL_DIR)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--numerics", choices=["exact", "fast"], default=None,
+                   help="exact: speculative output equals plain decoding bit for bit in every dtype; fast: per-shape "
+                        "timed kernels whose rounding follows the tree (default: $STREE_NUMERICS, else exact)")
     p.add_argument("--mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
                    help="SSM state dtype (auto: the model's); float32 is exact, a half state halves its traffic")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (they are on by default on CUDA)")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from stree.kernels import numerics
+
 from stree.cli.drafter_service import options_function, parse_options
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
@@ -21,6 +23,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_server(args):
+    if args.numerics:
+        numerics.use(args.numerics)
     """A ``GenerationServer`` from parsed arguments (loads the model; does not start it)."""
     from stree.proto.rpc import api_key_from_env
     from stree.verifier.model.checkpoint import load_draft_model, load_model
@@ -158,6 +162,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-width", type=int, default=None, help="default draft budget: children per node")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--numerics", choices=["exact", "fast"], default=None,
+                   help="exact: speculative output equals plain decoding bit for bit in every dtype; fast: per-shape "
+                        "timed kernels whose rounding follows the tree (default: $STREE_NUMERICS, else exact)")
     p.add_argument("--mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",
                    help="SSM state dtype (auto: the model's); float32 is exact, a half state halves its traffic")
     p.set_defaults(func=run)
