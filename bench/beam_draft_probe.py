@@ -42,7 +42,8 @@ def pair_case(shape: str, steps: bool, batch: int) -> dict:
     graph = next(g for k, g in engine.graphs.items() if k[0] == "tree")
     tree = TreeShape.parse(shape)
     out = {"step": 1e3 * mean_replay_ms(graph),
-           "draft": graphed_us([lambda: drafter.draft(tree, engine.roots, engine.sampling, False)], reps=50)}
+           "draft": graphed_us([lambda: (drafter.draft(tree, engine.roots, engine.sampling, False), drafter.acts)],
+                               reps=50)}
     cancel_all(engine)
     return out
 

@@ -1,8 +1,8 @@
 """Lookup drafting inside the engine's step: greedy output equals plain greedy at batch 1, 3 and 8 for device n-gram,
 retrieval and fused trees, through ``stree.generate`` and through an engine under goodput control.
 
-The targets loop: tiny random models whose greedy choice follows a planted successor of each token, so their output
-soon repeats a cycle and lookup drafts really get accepted (the assertions on the mean accepted length check it).
+The targets loop (``lookup_helpers.looping_target``), so lookup drafts really get accepted (the assertions on the
+mean accepted length check it).
 """
 
 from __future__ import annotations
@@ -11,28 +11,16 @@ import pytest
 import torch
 
 import stree
-from stree.bench.oracle import plant_successors_
 from stree.drafter_service.drafters.retrieval.datastore import Datastore
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.protocols.registry import create_drafter
 from stree.verifier.decode.engine import Engine, Request
 from stree.verifier.decode.loop import device_offer
-from stree.verifier.model.checkpoint import random_init_
-from stree.verifier.model.config import ModelConfig
-from stree.verifier.model.lm import StreeLM
+
+from lookup_helpers import looping_target
 
 VOCAB = 64
 NEW = 32
-
-
-def looping_target(attn: bool, seed: int) -> StreeLM:
-    cfg = ModelConfig(d_model=32, n_layer=2, vocab_size=VOCAB, tie_embeddings=False,
-                      attn_layer_idx=[1] if attn else [], attn_cfg={"num_heads": 2} if attn else {},
-                      ssm_cfg={"layer": "Mamba2", "d_state": 8, "headdim": 8})
-    model = random_init_(StreeLM(cfg), seed, rescale_residual=True)
-    with torch.no_grad():
-        plant_successors_(model, seed)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,7 @@ class GoodputController:
     def learned_depths(self) -> dict:
         """``{sampled: {source: DepthAcceptance}}`` (copies) of every mode and chain source that measured some
         depth."""
-        learned = {sampled: {source: copy.deepcopy(d) for source, d in chooser.chain_depths.items() if d.rate}
+        learned = {sampled: {source: copy.deepcopy(d) for source, d in chooser.chains.by_source.items() if d.rate}
                    for sampled, chooser in self.modes.items()}
         return {sampled: by_source for sampled, by_source in learned.items() if by_source}
 
@@ -91,7 +91,7 @@ class GoodputController:
         for sampled, by_source in depths.items():
             chooser = self.mode(sampled)
             for source, rates in by_source.items():
-                chooser.depths_of(source).copy_from(rates)
+                chooser.chains.of(source).copy_from(rates)
             chooser._pool_chains()
 
     def table(self) -> list[dict]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.depth_acceptance import DepthAcceptance
+from stree.verifier.decode.depth_acceptance import ChainFamilies
 from stree.verifier.decode.explore_budget import ExploreBudget
 
 
@@ -83,10 +83,6 @@ class ShapeChooser:
         self._rows = list(self.stats.values())  # the per-step loops walk these: no shape hashing in them
         # first looks in this order: of the chains that fit, the deepest (its steps measure every shorter chain)
         self._look_order = sorted(self._rows, key=lambda r: -r.shape.max_depth if r.shape.kind == "chain" else 0)
-        self._deepest_chain = {}  # source -> its deepest chain
-        for s in self.shapes:
-            if s.kind == "chain" and s.max_depth > getattr(self._deepest_chain.get(s.source), "max_depth", 0):
-                self._deepest_chain[s.source] = s
         self.hysteresis = hysteresis
         self.refresh_steps = refresh_steps
         self.min_samples = max(1, int(min_samples))
@@ -94,7 +90,8 @@ class ShapeChooser:
         self.refresh_s = 0.0  # running mean of the drafter refresh per refreshed sequence
         self.refresh_guess = 0.0  # what refreshing one sequence is taken to cost before one was measured
         self.current: Optional[TreeShape] = None  # the shape chosen on merit (not as a retry) last time
-        self.chain_depths: dict = {}  # source -> acceptance per depth, pooled over that source's chain steps
+        self.chains = ChainFamilies(self.shapes, self.min_samples)  # acceptance per depth, per source's chains
+        self.depths = self.chains.of("")  # the drafter's own chains
         self._any_known_cost = False  # some shape's cost came from a timed replay (``prime``)
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
@@ -104,24 +101,6 @@ class ShapeChooser:
         """Expected tokens per second per sequence of ``shape``, as measured so far."""
         return self.stats[shape].rate
 
-    def depths_of(self, source: str) -> DepthAcceptance:
-        """The per-depth acceptance of ``source``'s chains (made on first use)."""
-        if source not in self.chain_depths:
-            self.chain_depths[source] = DepthAcceptance(self.min_samples)
-        return self.chain_depths[source]
-
-    @property
-    def depths(self) -> DepthAcceptance:
-        """The per-depth acceptance of the drafter's own chains (source ``""``)."""
-        return self.depths_of("")
-
-    def _chain_tau(self, shape: TreeShape) -> Optional[float]:
-        """The tau of the chain as deep as ``shape`` from the same source, when its depths are measured (fused
-        shapes have none)."""
-        if shape.kind == "fused":
-            return None
-        depths = self.depths_of(shape.source)
-        return depths.tau(shape.max_depth) if depths.known(shape.max_depth) else None
 
     def prime(self, shape: TreeShape, tau: Optional[float] = None, cost: Optional[float] = None,
               retry_every: Optional[int] = None) -> None:
@@ -233,7 +212,7 @@ class ShapeChooser:
             if (r.measured or r.samples or (s.max_depth + 1) / r.cost <= rate
                     or (s.kind == "chain" and s.source in waiting)):
                 continue  # measured, under way, or it could not win with every drafted token accepted
-            chain_tau = self._chain_tau(s) if s.kind != "chain" else None
+            chain_tau = self.chains.tau_for(s) if s.kind != "chain" else None
             if chain_tau is not None and not self._could_win(r, rate, chain_tau):
                 continue  # the chain of its depth says it would not win
             if self.budget.affords(self._expected_loss(r, 1.0, rate)):  # as if no drafted token were accepted
@@ -276,7 +255,7 @@ class ShapeChooser:
     def _retried_row(self, r: ShapeStats) -> ShapeStats:
         """The row whose shape a retry of ``r`` runs: a chain's retry runs the deepest chain of its source."""
         if r.shape.kind == "chain":
-            return self.stats[self._deepest_chain[r.shape.source]]
+            return self.stats[self.chains.deepest[r.shape.source]]
         return r
 
     def _expected_loss(self, r: ShapeStats, tau: float, rate: float) -> float:
@@ -311,7 +290,7 @@ class ShapeChooser:
             a = self.alpha
         pooled = bool(emitted) and shape.kind == "chain"
         if pooled:
-            self.depths_of(shape.source).observe(shape.max_depth, [n - 1 for n in emitted],
+            self.chains.of(shape.source).observe(shape.max_depth, [n - 1 for n in emitted],
                                                  a if r.retrying else self.alpha)
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
@@ -347,7 +326,7 @@ class ShapeChooser:
         restarts)."""
         for r in self._rows:
             s = r.shape
-            depths = self.depths_of(s.source) if s.kind == "chain" else None
+            depths = self.chains.of(s.source) if s.kind == "chain" else None
             if depths is not None and depths.known(s.max_depth):
                 r.tau, r.pooled = depths.tau(s.max_depth), True
                 r.remeasure(self.min_samples)

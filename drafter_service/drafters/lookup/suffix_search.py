@@ -36,7 +36,7 @@ def suffix_ranges(corpus: torch.Tensor, suffix_array: torch.Tensor, queries: tor
     n, dev = suffix_array.shape[0], queries.device
     lo = torch.zeros(b, 2, s, dtype=torch.long, device=dev)
     hi = torch.full((b, 2, s), n, dtype=torch.long, device=dev)
-    upper = torch.tensor([False, True], device=dev)[None, :, None, None]  # bound 1 passes suffixes equal to it
+    upper = torch.arange(2, device=dev).bool()[None, :, None, None]  # bound 1 passes suffixes equal to it
     steps = torch.arange(1, pivots + 1, device=dev)
     cols = torch.arange(s, device=dev)
     inside = (cols[None, :] <= cols[:, None])[None, None, :, None, :]  # [1, 1, S, 1, S]: token j of query m
