@@ -6,8 +6,8 @@ interface instead; the engine pads their trees into a fixed node bucket.
 
 What the engine calls, and when:
 
-- always: ``supports``, ``new_slots`` (once per engine, with the engine's device), ``prefill_slots`` (a sequence joins, or its stale slot is
-  refreshed), ``park`` (after every step: rewind slots that hold no sequence), ``draft`` then ``commit`` (a
+- always: ``supports``, ``new_slots`` (once per engine, with the engine's device), ``prefill_slots`` (a sequence
+  joins, or its stale slot is refreshed), ``park`` (after every step: rewind slots that hold no sequence), ``draft`` then ``commit`` (a
   drafted step), ``step_roots`` (a plain step, unless the drafter ``catches_up``), ``mutable`` (the tensors a step
   advances: the engine saves and restores them around a graph capture's warm-up runs), ``warm_up_prefill``
   (compile and capture its prefill ahead of traffic);

@@ -1,5 +1,6 @@
 """Tree shape specs: ``chain:K``, ``static:3,1,1,1``, ``beam:DxM``, ``trie:DxW``, ``dynamic:N`` (and ``none``),
-optionally filled by a named source (``lookup:chain:6``), and fusions of two sources (``fused:beam:4x2+lookup:trie:6x3``).
+optionally filled by a named source (``lookup:chain:6``), and fusions of two sources
+(``fused:beam:4x2+lookup:trie:6x3``).
 
 A spec names how a drafter grows its tree each step; every shape is clipped to the step's ``DraftBudget``. Chain,
 static, beam and trie shapes have a fixed node count laid out level by level (the root, then every node of depth 1,
@@ -77,18 +78,12 @@ class TreeShape:
                 if not widths or min(widths) < 1:
                     raise ValueError
                 return cls("static", widths=widths)
-            if kind == "beam":
+            if kind in ("beam", "trie"):  # DEPTHxBEAMS, DEPTHxBRANCHES
                 d, _, m = arg.lower().partition("x")
                 depth, beams = int(d), int(m)
                 if depth < 1 or beams < 1:
                     raise ValueError
-                return cls("beam", depth=depth, beams=beams)
-            if kind == "trie":
-                d, _, w = arg.lower().partition("x")
-                depth, branches = int(d), int(w)
-                if depth < 1 or branches < 1:
-                    raise ValueError
-                return cls("trie", depth=depth, beams=branches)
+                return cls(kind, depth=depth, beams=beams)
             if kind == "dynamic":
                 n = int(arg)
                 if n < 2:

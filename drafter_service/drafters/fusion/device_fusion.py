@@ -59,7 +59,8 @@ def fuse_trees(model_tokens: torch.Tensor, model_parents: torch.Tensor, lookup_t
 
 class CompositeDeviceDrafter(DeviceDrafterBase):
     """A draft model's device drafter (which ``follows_trees``) and a lookup drafter over the same slots, drafting
-    ``shapes``: the model's (source ``""``), the lookup's (``lookup:...``) and fused ones (``fused:beam:..+lookup:..``)."""
+    ``shapes``: the model's (source ``""``), the lookup's (``lookup:...``) and fused ones
+    (``fused:beam:..+lookup:..``)."""
 
     def __init__(self, model: DeviceDrafter, lookup: LookupDeviceDrafter, shapes: list):
         if not model.follows_trees:

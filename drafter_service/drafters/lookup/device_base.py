@@ -1,6 +1,6 @@
 """What the device n-gram and retrieval drafters share: slot histories, their bookkeeping, and the tree rule.
 
-A subclass finds each slot's candidate continuations (``candidates``: rows of up to ``horizon`` tokens, their lengths
+A subclass finds each slot's candidate continuations (``candidates_of``: rows of up to ``horizon`` tokens, their lengths
 and priorities, as device tensors); this base makes them a chain or a trie by the shared rule (``device_tree.py``)
 and keeps the histories in step: ``prefill_slots`` loads contexts between steps, a drafted step's ``commit`` appends
 the accepted path's tokens (from its own draft, or from the tree it was told to ``follow``), a plain step appends
