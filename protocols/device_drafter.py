@@ -6,8 +6,8 @@ interface instead; the engine pads their trees into a fixed node bucket.
 
 What the engine calls, and when:
 
-- always: ``supports``, ``new_slots`` (once per engine), ``prefill_slots`` (a sequence joins, or its stale slot is
-  refreshed), ``park`` (after every step: rewind slots that hold no sequence), ``draft`` then ``commit`` (a
+- always: ``supports``, ``new_slots`` (once per engine, with the engine's device), ``prefill_slots`` (a sequence
+  joins, or its stale slot is refreshed), ``park`` (after every step: rewind slots that hold no sequence), ``draft`` then ``commit`` (a
   drafted step), ``step_roots`` (a plain step, unless the drafter ``catches_up``), ``mutable`` (the tensors a step
   advances: the engine saves and restores them around a graph capture's warm-up runs), ``warm_up_prefill``
   (compile and capture its prefill ahead of traffic);
@@ -18,7 +18,11 @@ What the engine calls, and when:
   ``count`` ``[B]``); past ``L`` tokens it lets the slot go stale and refreshes it with ``prefill_slots`` from the
   whole sequence instead.
 
-``DeviceDrafterBase`` gives the optional parts their defaults (both flags False, no prefill warm-up), so a drafter
+A drafter that ``follows_trees`` can also be told, after its own draft (or instead of one), that the step verifies
+another tree: ``follow(tokens, parents, depth)`` makes its next ``commit`` advance along that tree's path. A composite
+drafter (a draft model beside prompt lookup, ``fused`` shapes) verifies trees its parts did not draft alone.
+
+``DeviceDrafterBase`` gives the optional parts their defaults (every flag False, no prefill warm-up), so a drafter
 states what it does by what it overrides. A drafter's slots belong to the last engine that called ``new_slots``;
 ``claim``/``claimed_by`` let an earlier engine notice it no longer owns them.
 """
@@ -40,13 +44,16 @@ class DeviceDraft:
     """Trees for B slots in one fixed layout: ``tokens``/``parents`` ``[B, N]``; ``q`` ``[B, N, V]`` or None.
 
     ``q[b, i]`` is the draft distribution node i's children were drawn from (sampled rows of
-    stochastic drafts); ``mode`` says how (see ``DraftMode``).
+    stochastic drafts); ``mode`` says how (see ``DraftMode``). ``valid`` ``[B, N]`` (None: every node) marks the
+    nodes that are drafted; an invalid node is never accepted, and no valid node descends from it (a lookup with
+    fewer continuations than its layout holds, a fused node already in the other part's tree).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     q: Optional[torch.Tensor]
     mode: DraftMode
+    valid: Optional[torch.Tensor] = None
 
 
 @runtime_checkable
@@ -55,14 +62,16 @@ class DeviceDrafter(Protocol):
 
     observes_target: bool
     catches_up: bool
+    follows_trees: bool
     generator: Optional[torch.Generator]  # the engine's generator for sampled rows (None: the device's default)
 
     def supports(self, shape: TreeShape) -> bool:
         """Whether ``draft`` can lay out trees of ``shape``."""
         ...
 
-    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
-        """Allocate state for ``batch_size`` slots of up to ``max_seqlen`` tokens."""
+    def new_slots(self, batch_size: int, max_seqlen: int, device: Optional[torch.device] = None) -> None:
+        """Allocate state for ``batch_size`` slots of up to ``max_seqlen`` tokens on ``device`` (the engine's; a
+        drafter bound to a model keeps its model's, None: the drafter's own)."""
         ...
 
     def prefill_slots(self, slots: list[int], contexts: list) -> None:
@@ -102,6 +111,11 @@ class DeviceDrafter(Protocol):
         """Feed each slot's first ``count[b]`` tokens of ``backlog`` (called only when ``catches_up``)."""
         ...
 
+    def follow(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor) -> None:
+        """The step verifies these trees (``[B, N]``): the next ``commit``'s path indexes them (called only when
+        ``follows_trees``)."""
+        ...
+
     def claim(self, owner: object) -> None:
         """Record ``owner`` (an engine) as the holder of the slots it is about to allocate."""
         ...
@@ -116,6 +130,7 @@ class DeviceDrafterBase:
 
     observes_target = False
     catches_up = False
+    follows_trees = False
     generator: Optional[torch.Generator] = None
     _owner: Optional[object] = None
 
@@ -130,6 +145,9 @@ class DeviceDrafterBase:
 
     def catch_up(self, backlog: torch.Tensor, count: torch.Tensor) -> None:
         raise RuntimeError(f"{type(self).__name__} cannot catch up (catches_up is False)")
+
+    def follow(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor) -> None:
+        raise RuntimeError(f"{type(self).__name__} cannot follow another tree (follows_trees is False)")
 
     def claim(self, owner: object) -> None:
         self._owner = owner

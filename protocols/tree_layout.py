@@ -1,8 +1,8 @@
 """A tree shape's fixed layout for B slots as device constants, built once per (shape, batch, device).
 
-Every step of a fixed shape (chain, static, beam) reads the same depths and node counts, and chains and static
-trees the same parents and ancestor mask: the engine and the device drafters take them from one ``LayoutCache``
-instead of rebuilding them (a dozen small launches) every step.
+Every step of a fixed shape (chain, static, beam, trie, fused) reads the same depths and node counts, and chains and
+static trees the same parents and ancestor mask: the engine and the device drafters take them from one
+``LayoutCache`` instead of rebuilding them (a dozen small launches) every step.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class LayoutCache:
         self._layouts: dict = {}
 
     def get(self, shape: TreeShape, with_ancestors: bool = False) -> TreeLayout:
+        shape = shape.layout  # whoever fills it (its source), a layout's constants are the same
         key = (shape, with_ancestors)
         if key not in self._layouts:
             b, n, dev = self.batch, shape.num_nodes, self.device

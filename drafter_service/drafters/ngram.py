@@ -1,31 +1,39 @@
 """N-gram (prompt lookup) drafter: continue the context the way it continued before.
 
-The longest recent suffix of the context (``max_ngram`` tokens down to ``min_ngram``) is looked
-up among earlier positions; what followed each earlier occurrence becomes a branch of the tree
-(as in vLLM's ngram proposer and the n-gram drafter of "Snakes and Ladders", but several matches
-at once). The n-gram index grows with each commit, so a step costs O(new tokens), not a rescan.
+Earlier positions whose last tokens equal the context's last ones (``min_ngram`` up to ``max_ngram`` of them) are
+ranked longest match first, then the most recent; what followed the best ``max_scan`` of them are the candidate
+continuations, and the shared lookup rule (``lookup/rule.py``) makes them a tree: the most supported continuations,
+merged where they share a prefix (as in vLLM's ngram proposer and the n-gram drafter of "Snakes and Ladders", but
+several matches at once). The engine drafts the same trees on the device (``device_drafter``: the history of each
+sequence on the GPU, matched inside the step graph); the host session, whose n-gram index grows with each commit,
+serves the remote drafter service and host engines.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
-from stree.protocols import DraftBudget, HostDrafter, SamplingParams, TokenTree
+from stree.protocols import DraftBudget, SamplingParams, TokenTree
+from stree.protocols.device_drafter import DeviceOffer
+from stree.protocols.tree_shape import TreeShape
 
+from stree.drafter_service.drafters.lookup.ngram_device import NgramDeviceDrafter
+from stree.drafter_service.drafters.lookup.rule import lookup_tree, ngram_rows, tree_size
+from stree.drafter_service.drafters.lookup.shapes import DEFAULT_LOOKUP_TREE, lookup_shapes
 from stree.drafter_service.drafters.session import DrafterSession
-from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
 
 
-class NgramDrafter(HostDrafter):
+class NgramDrafter:
     """Prompt-lookup drafter; deterministic, model-free.
 
-    ``max_branches``: most distinct continuations merged into one tree; ``max_scan``: most earlier
-    occurrences of one n-gram looked at per step (the most recent ones).
+    ``max_branches``: most continuations in one host tree; ``max_scan``: candidate matches looked at per draft (the
+    best ones). ``lookup_tree``: the device shapes (``auto``: plain decoding, lookup chains and tries by goodput).
     """
 
     name = "ngram"
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, max_branches: int = 8, max_scan: int = 64):
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, max_branches: int = 8, max_scan: int = 16,
+                 lookup_tree: Union[str, TreeShape, None] = DEFAULT_LOOKUP_TREE):
         self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
         self.max_branches, self.max_scan = int(max_branches), int(max_scan)
         if self.min_ngram < 1:
@@ -36,9 +44,17 @@ class NgramDrafter(HostDrafter):
             raise ValueError(
                 f"ngram drafter: max_branches and max_scan must be >= 1, got {max_branches} and {max_scan}"
             )
+        self.shapes = lookup_shapes(lookup_tree)
+        self._device: Optional[NgramDeviceDrafter] = None
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "NgramSession":
         return NgramSession(prompt_ids, params, self)
+
+    def device_drafter(self) -> DeviceOffer:
+        """Its ``NgramDeviceDrafter`` (one per drafter: the engine holding it keeps its graphs) and shapes."""
+        if self._device is None:
+            self._device = NgramDeviceDrafter(self.shapes, self.min_ngram, self.max_ngram, self.max_scan)
+        return DeviceOffer(self._device, list(self.shapes))
 
 
 class NgramSession(DrafterSession):
@@ -69,42 +85,27 @@ class NgramSession(DrafterSession):
         self._index = {}
         self._indexed = 0
 
+    def candidates(self) -> list[tuple[int, int]]:
+        """``(match length, end)`` of the best ``max_scan`` earlier matches: longest first, then the most recent
+        (``rule.ngram_candidates`` from the index)."""
+        ctx, last = self.context, len(self.context) - 1
+        found: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for n in range(min(self.drafter.max_ngram, len(ctx)), self.drafter.min_ngram - 1, -1):
+            for end in reversed(self._index[n].get(tuple(ctx[-n:]), ())):
+                if end < last and end not in seen:  # an end seen at a longer n matched that many tokens
+                    seen.add(end)
+                    found.append((n, end))
+                    if len(found) >= self.drafter.max_scan:
+                        return found
+        return found
+
     def draft(self, budget: DraftBudget) -> TokenTree:
-        """Branches from the most recent matches of the longest matching suffix first, cut to ``budget``."""
+        """The lookup rule's tree of the best matches' continuations, as large as ``budget`` allows."""
         if not self.context:
             raise ValueError("ngram drafter: draft() on a closed session")
-        ctx, last = self.context, len(self.context) - 1
-        if budget.max_nodes == 1 or budget.max_depth == 0:
+        branches, depth = tree_size(budget.max_nodes, budget.max_depth, budget.max_width, self.drafter.max_branches)
+        if depth == 0:
             return self.root_only()
-        trie = CandidateTrie(ctx[-1])
-        best_n, support, first_rank = [0], [0], [0]  # per trie node; the root's values are unused
-        branches, seen = 0, set()
-        limit = self.drafter.max_branches
-        depth = min(budget.max_depth, budget.max_nodes - 1)  # no path can be longer
-        for n in range(min(self.drafter.max_ngram, len(ctx)), self.drafter.min_ngram - 1, -1):
-            ends = self._index[n].get(tuple(ctx[-n:]), ())
-            scanned = 0
-            for end in reversed(ends):
-                if end >= last:
-                    continue  # the suffix itself
-                scanned += 1
-                continuation = tuple(ctx[end + 1 : end + 1 + depth])
-                is_new = continuation not in seen
-                seen.add(continuation)
-                rank = branches if is_new else len(ctx)  # repeats add support, not a new branch
-                for node in trie.insert(continuation):
-                    if node == len(best_n):
-                        best_n.append(n)
-                        support.append(0)
-                        first_rank.append(rank)
-                    support[node] += 1
-                    first_rank[node] = min(first_rank[node], rank)
-                branches += is_new
-                if branches >= limit or scanned >= self.drafter.max_scan:
-                    break
-            if branches >= limit:
-                break
-        if len(trie) == 1:
-            return self.root_only()
-        scores = [(best_n[i], support[i], -first_rank[i]) for i in range(len(trie))]
-        return prune_to_budget(trie.tokens, trie.parents, scores, budget)
+        rows, priority = ngram_rows(self.context, self.candidates(), depth)
+        return lookup_tree(self.context[-1], rows, priority, branches, depth)

@@ -95,7 +95,7 @@ class OracleDeviceDrafter(DeviceDrafterBase):
     def supports(self, shape: TreeShape) -> bool:
         return shape in self.shapes
 
-    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
+    def new_slots(self, batch_size: int, max_seqlen: int, device=None) -> None:
         depth = max(s.max_depth for s in self.shapes)
         self.seq = torch.full((batch_size, max_seqlen + depth + 1), -1, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)

@@ -6,6 +6,13 @@ speedup over our plain decoding, mean accepted length per step (bonus token incl
 convention) and where the time went (draft / verify / commit). Greedy runs also check that every
 method's output equals plain greedy decoding. mamba_ssm's own ``generate`` runs where it can load
 the target. One JSON record per (method, prompt set, temperature) plus a PNG.
+
+Lookup methods draft on the device: ``ngram`` and ``retrieval`` choose plain decoding, lookup chains or tries per
+step by goodput (``--lookup-tree auto``); ``ngram-tree`` is the n-gram drafter on the one lookup tree that the fused
+methods use (``--fused-lookup-tree``), ``fusion-ngram`` / ``fusion`` fuse it (n-gram / retrieval) with the model's
+``--beam-tree``, so fused trees are measured against each part alone (``beam``, ``ngram-tree``); ``fusion-auto``
+lets goodput control choose among the model's shapes, the lookup's, their fusions and plain decoding. The prompt
+sets whose answers copy their context are ``code_edit`` and ``spec_bench_copy`` (``prompt_sets.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from stree.drafter_service.drafters.fusion.device_fusion import FUSED_LOOKUP
 from stree.protocols.registry import create_drafter
 
 from stree.verifier.model.checkpoint import load_model
@@ -29,8 +37,9 @@ from stree.bench.common import (DEMO_DRAFT, DEMO_TARGET, add_device_args, device
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.verifier.model.tokenizer import load_tokenizer
 
-METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "retrieval", "fusion", "treeflash",
-           "treeflash-marginal")
+METHODS = ("plain", "mamba_ssm", "chain", "static", "beam", "auto", "ngram", "ngram-tree", "retrieval", "fusion",
+           "fusion-ngram", "fusion-auto", "treeflash", "treeflash-marginal")
+DRAFT_METHODS = ("chain", "static", "beam", "auto", "fusion", "fusion-ngram", "fusion-auto")  # need --draft DIR
 TREEFLASH_METHODS = ("treeflash", "treeflash-marginal")  # need --treeflash DIR (stree train drafter --kind treeflash)
 DEFAULT_TREEFLASH = "checkpoints/demo-treeflash"
 DEFAULT_TARGET, DEFAULT_DRAFT = DEMO_TARGET, DEMO_DRAFT
@@ -49,12 +58,20 @@ def make_drafter(method: str, draft, datastore, args):
     if method == "auto":  # the engine picks plain, chain or tree per step by measured goodput
         return create_drafter("mamba", draft_model=draft, tree="auto")
     if method == "ngram":
-        return create_drafter("ngram")
+        return create_drafter("ngram", lookup_tree=args.lookup_tree)
+    if method == "ngram-tree":  # the lookup part of the fused methods, alone
+        return create_drafter("ngram", lookup_tree=args.fused_lookup_tree)
     if method == "retrieval":
-        return create_drafter("retrieval", datastore=datastore, max_occurrences=args.retrieval_occurrences)
-    if method == "fusion":  # RASD: the draft model's beam tree merged with retrieval, ranked by the draft model
+        return create_drafter("retrieval", datastore=datastore, max_occurrences=args.retrieval_occurrences,
+                              lookup_tree=args.lookup_tree)
+    if method == "fusion":  # RASD: the draft model's beam tree merged with retrieval's tree on the device
         return create_drafter("fusion:mamba+retrieval", draft_model=draft, tree=args.beam_tree, datastore=datastore,
-                              max_occurrences=args.retrieval_occurrences)
+                              max_occurrences=args.retrieval_occurrences, lookup_tree=args.fused_lookup_tree)
+    if method == "fusion-ngram":  # the beam tree merged with the n-gram tree
+        return create_drafter("fusion:mamba+ngram", draft_model=draft, tree=args.beam_tree,
+                              lookup_tree=args.fused_lookup_tree)
+    if method == "fusion-auto":  # per step: model, lookup, fused or plain, by goodput
+        return create_drafter("fusion:mamba+ngram", draft_model=draft, tree="auto", lookup_tree=args.lookup_tree)
     if method in TREEFLASH_METHODS:  # one block pass from the target's hidden states; marginal: no conditional head
         return create_drafter(method, treeflash=args.treeflash, tree=args.treeflash_tree, device=args.device)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -154,7 +171,7 @@ def run(args) -> int:
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-        if m in ("chain", "static", "beam", "auto", "fusion") and draft is None:
+        if m in DRAFT_METHODS and draft is None:
             raise ValueError(f"method {m} needs --draft DIR")
         if m in TREEFLASH_METHODS and not (Path(args.treeflash) / "config.json").is_file():
             raise ValueError(f"method {m} needs --treeflash DIR (a TreeFlash checkpoint; none at {args.treeflash})")
@@ -164,7 +181,8 @@ def run(args) -> int:
         datastore = build_datastore(tokenizer, target.vocab_size, args.datastore_bytes)
         print(f"datastore: {len(datastore)} tokens ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
     sets = [s.strip() for s in args.prompt_sets.split(",") if s.strip()]
-    paths = {"mt_bench": args.mt_bench, "gsm8k": args.gsm8k, "spec_bench": args.spec_bench}
+    paths = {"mt_bench": args.mt_bench, "gsm8k": args.gsm8k, "spec_bench": args.spec_bench,
+             "spec_bench_copy": args.spec_bench, "in_domain": args.corpus_root, "code_edit": args.corpus_root}
     prompt_sets = {s: encode_prompts(tokenizer, load_prompt_set(s, args.num_prompts, paths.get(s), args.data_dir),
                                      args.max_prompt_tokens) for s in sets}
     drafters = {m: make_drafter(m, draft, datastore, args) for m in methods if m != "mamba_ssm"}
@@ -183,6 +201,7 @@ def run(args) -> int:
     meta = {**record_meta("e2e", device), "target": args.target, "draft": args.draft,
             "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
             "chain_length": args.chain_length, "static_widths": args.static_widths, "beam_tree": args.beam_tree,
+            "lookup_tree": args.lookup_tree, "fused_lookup_tree": args.fused_lookup_tree,
             "budget": vars(DEFAULT_BUDGET), "torch": torch.__version__}
     for s, t, m in tqdm(cases, desc="e2e", file=sys.stderr):
         if args.out:  # partial records survive an interrupted run
@@ -223,15 +242,15 @@ def run(args) -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'set':<11}{'T':>4} {'method':<10}{'tok/s':>9}{'x plain':>8}{'x chain':>8}{'tau':>6}"
+    print(f"{'set':<16}{'T':>4} {'method':<13}{'tok/s':>9}{'x plain':>8}{'x chain':>8}{'tau':>6}"
           f"{'host us':>8}{'==greedy':>9}")
     for r in rows:
         if "error" in r:
-            print(f"{r['prompt_set']:<11}{r['temperature']:>4} {r['method']:<10} not run: {r['error'][:90]}")
+            print(f"{r['prompt_set']:<16}{r['temperature']:>4} {r['method']:<13} not run: {r['error'][:90]}")
             continue
         host = r.get("host_us_per_step_p50")
         tau = f"{r['mean_accepted_length']:6.2f}" if r.get("mean_accepted_length") else f"{'-':>6}"
-        print(f"{r['prompt_set']:<11}{r['temperature']:>4} {r['method']:<10}{r['decode_tokens_per_s']:>9.0f}"
+        print(f"{r['prompt_set']:<16}{r['temperature']:>4} {r['method']:<13}{r['decode_tokens_per_s']:>9.0f}"
               f"{r.get('speedup_vs_plain', float('nan')):>8.2f}{r.get('speedup_vs_chain', float('nan')):>8.2f}"
               f"{tau}{(f'{host:8.0f}' if host else f'{chr(45):>8}')}{str(r.get('output_equals_plain_greedy', '')):>9}")
 
@@ -286,7 +305,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-sets", default=",".join(PROMPT_SETS), help=f"comma-separated, from {', '.join(PROMPT_SETS)}")
     p.add_argument("--mt-bench", default=None, help="MT-Bench question.jsonl")
     p.add_argument("--gsm8k", default=None, help="GSM8K test.jsonl")
-    p.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl")
+    p.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl (spec_bench and spec_bench_copy)")
+    p.add_argument("--corpus-root", default=None,
+                   help="a site-packages-like folder for in_domain and code_edit (default: this interpreter's)")
     p.add_argument("--data-dir", default=None, help="folder with mt_bench/, gsm8k/, spec_bench/ (e.g. ../shared/data)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per set, spread over the set (0: all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -295,8 +316,12 @@ def add_parser(sub) -> None:
     p.add_argument("--chain-length", type=int, default=4)
     p.add_argument("--static-widths", type=lambda s: [int(x) for x in s.split(",")], default=[3, 1, 1, 1])
     p.add_argument("--beam-tree", default="beam:5x4", help="beam tree spec for beam and fusion (beam:DEPTHxBEAMS)")
+    p.add_argument("--lookup-tree", default="auto",
+                   help="ngram, retrieval and fusion-auto lookup trees: auto (goodput), chain:K or trie:DxW")
+    p.add_argument("--fused-lookup-tree", default=str(FUSED_LOOKUP),
+                   help="the lookup tree of ngram-tree, fusion and fusion-ngram (chain:K or trie:DxW)")
     p.add_argument("--datastore-bytes", type=int, default=4_000_000, help="retrieval datastore text size")
-    p.add_argument("--retrieval-occurrences", type=int, default=256,
+    p.add_argument("--retrieval-occurrences", type=int, default=64,
                    help="corpus occurrences of the matched suffix the retrieval drafter counts")
     add_device_args(p, "bfloat16")
     p.add_argument("--seed", type=int, default=0)

@@ -191,9 +191,11 @@ def run(args) -> int:
         if key in engine.graphs.graphs:
             record["graph_ms"][label] = mean_replay_ms(engine.graphs.graphs[key])
         if spec != "none":  # the draft alone (greedy), graphed: what the drafter costs per step
-            shape, program = engine.shapes[0], engine.program
-            record["draft_ms"][label] = graphed_us(
-                [lambda: engine.drafter.drafter.draft(shape, program.roots, program.sampling, False)]) / 1e3
+            shape, program, d = engine.shapes[0], engine.program, engine.drafter.drafter
+            draft = lambda: d.draft(shape, program.roots, program.sampling, False)  # noqa: E731
+            if isinstance(d, DeviceTreeDrafter):  # with the acts pass its commit replays (run at the commit)
+                draft = lambda: (d.draft(shape, program.roots, program.sampling, False), d.acts)  # noqa: E731
+            record["draft_ms"][label] = graphed_us([draft]) / 1e3
     b = args.batch
     for name, model in (("draft", draft), ("target", target)):
         state = model.new_state(b, 512)

@@ -93,7 +93,7 @@ def run(args) -> int:
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed, budget=budget,
                 stop_token_ids=() if args.ignore_eos else settings.eos_token_ids, tokenizer=tokenizer,
                 cuda_graphs=False if args.eager else None, tree=args.tree, tree_widths=args.tree_widths,
-                datastore=args.datastore,
+                datastore=args.datastore, lookup_tree=args.lookup_tree,
             )
         return call
 
@@ -133,6 +133,9 @@ def add_parser(sub) -> None:
                         "with a TreeFlash checkpoint, else none)")
     p.add_argument("--tree", metavar="SPEC", help=f"tree shape for model drafters: {SHAPE_HELP}")
     p.add_argument("--tree-widths", metavar="W1,W2,..", help="static tree width per depth, e.g. 3,2,2,1")
+    p.add_argument("--lookup-tree", metavar="SPEC",
+                   help="tree shape for the ngram and retrieval drafters, drafted on the device: auto (default: plain "
+                        "decoding, lookup chains and tries by goodput), chain:K or trie:DxW")
     p.add_argument("--datastore", metavar="DS", help="retrieval datastore directory")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", metavar="TEXT")

@@ -130,3 +130,33 @@ def test_batch_bench_pair_rows_per_admission_hold(tmp_path, jsonl_files):
     assert all(len(r["engine_runs"]) == 1 for r in rows)
     plain_run = rows[0]["engine_runs"][0]
     assert plain_run["steps:none"] > 0 and not any(k.startswith("steps:") and k != "steps:none" for k in plain_run)
+
+
+@pytest.mark.slow
+def test_e2e_lookup_methods_run_on_the_demo_pair(tmp_path):
+    """``stree bench e2e`` with the lookup methods on the trained demo pair (``checkpoints/``), at a tiny size on the
+    CPU: the copy prompt sets load (``code_edit`` from a site-packages-like folder, ``spec_bench_copy`` from a
+    jsonl), every method's greedy output equals plain greedy, and the record keeps the e2e schema."""
+    site = tmp_path / "site" / "torch"
+    site.mkdir(parents=True)
+    body = "\n".join(f"    x{i} = a + {i}" for i in range(6))
+    for i in range(4):
+        (site / f"m{i}.py").write_text(f"# module {i}\n" + "# padding line\n" * 20
+                                        + f"\n\ndef step{i}(a):\n{body}\n    return x5\n")
+    spec = tmp_path / "spec.jsonl"
+    spec.write_text("\n".join(json.dumps({"question_id": k, "category": cat, "turns": [f"Summarize: {text}"]})
+                              for k, (cat, text) in enumerate([("summarization", "the cat sat. the cat sat."),
+                                                               ("translation", "Hallo")])) + "\n")
+    out = tmp_path / "e2e-lookup.json"
+    assert main(["bench", "e2e", "--target", "checkpoints/demo-target", "--draft", "checkpoints/demo-draft",
+                 "--methods", "plain,ngram,retrieval,fusion-ngram", "--prompt-sets", "code_edit,spec_bench_copy",
+                 "--corpus-root", str(tmp_path / "site"), "--spec-bench", str(spec), "--num-prompts", "1",
+                 "--max-new-tokens", "3", "--max-prompt-tokens", "32", "--temperatures", "0", "--dtype", "float32",
+                 "--device", "cpu", "--datastore-bytes", "20000", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["complete"] and rec["lookup_tree"] == "auto" and rec["fused_lookup_tree"] == "lookup:trie:4x3"
+    rows = rec["rows"]
+    assert [(r["prompt_set"], r["method"]) for r in rows] == [
+        (s, m) for s in ("code_edit", "spec_bench_copy") for m in ("plain", "ngram", "retrieval", "fusion-ngram")]
+    for r in rows:
+        assert r["output_equals_plain_greedy"] is True and r["host_us_per_step_p50"] > 0, r

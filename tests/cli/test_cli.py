@@ -28,17 +28,21 @@ def cli_models(tmp_path_factory):
 
 def test_generate_json_matches_plain_for_each_drafter(cli_models, capsys):
     outs = {}
-    for drafter in ("none", "chain", "static-tree"):
+    for drafter, extra in (("none", []), ("chain", []), ("static-tree", []), ("ngram", ["--lookup-tree", "trie:3x2"]),
+                           ("fusion:mamba+ngram", ["--tree", "beam:2x2", "--lookup-tree", "chain:3"])):
         rc = main(["generate", str(cli_models / "target"), "--draft-model", str(cli_models / "draft"),
-                   "--drafter", drafter, "--prompt-ids", "1,2,3", "--max-new-tokens", "9", "--json",
-                   "--tree-widths", "3,2,2,1", "--ignore-eos"])
+                   "--drafter", drafter, "--prompt-ids", "1,2,3,1,2,3,1", "--max-new-tokens", "9", "--json",
+                   "--tree-widths", "3,2,2,1", "--ignore-eos"] + extra)
         assert rc == 0
         rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert {"token_ids", "text", "stats"} <= set(rec)
         assert {"steps", "mean_accepted_length", "tokens_per_s"} <= set(rec["stats"])
         outs[drafter] = rec["token_ids"]
-    assert outs["none"] == outs["chain"] == outs["static-tree"]
+    assert outs["none"] == outs["chain"] == outs["static-tree"] == outs["ngram"] == outs["fusion:mamba+ngram"]
     assert len(outs["none"]) == 9
+    assert main(["generate", str(cli_models / "target"), "--drafter", "ngram", "--prompt-ids", "1",
+                 "--lookup-tree", "beam:2x2"]) == 2
+    assert "a lookup tree is chain:K or trie:DxW" in capsys.readouterr().err
 
 
 def test_generate_with_a_treeflash_checkpoint_as_the_draft_model(cli_models, tmp_path, capsys):

@@ -532,8 +532,9 @@ def test_a_new_engine_over_the_same_drafter_starts_from_the_acceptance_it_measur
     assert second.goodput.mode(False).stats[shapes[0]].tau == 1.0  # plain decoding: exact, never primed
     depths = first.goodput.learned_depths()  # chain acceptance per depth, pooled over chain:2 and chain:3 steps
     assert set(depths) == {False, True}
-    for sampled, rates in depths.items():
-        assert second.goodput.mode(sampled).depths.rate == rates.rate
+    for sampled, by_source in depths.items():
+        assert set(by_source) == {""}  # the draft model's chains: the only source here
+        assert second.goodput.mode(sampled).depths.rate == by_source[""].rate
     other = engine_for(model, DeviceTreeDrafter(draft), shapes, 3, 128, False, DEFAULT_BUDGET)
     assert not any(r.primed for r in other.goodput.mode(False).stats.values())  # another drafter starts afresh
     second = engine_for(model, drafter, shapes, 3, 128, False, DEFAULT_BUDGET)  # the drafter's engine again

@@ -24,6 +24,7 @@ ALPHA = 1e-3  # false-alarm rate of each distribution test
 VOCAB = 6
 SAMPLES = 1200
 PROMPT = [1, 4, 2]
+LOOKUP_PROMPT = [1, 4, 2, 5, 1, 4, 3, 5, 1, 4]  # "1 4" was followed by "2 5" and by "3 5": lookup drafts branch
 
 
 @pytest.fixture(scope="module")
@@ -74,20 +75,20 @@ class IIDDrafter(HostDrafter):
         return Session(prompt_ids, params)
 
 
-def _exact_law(target, params):
+def _exact_law(target, params, prompt=PROMPT):
     def next_probs(ctx):
         return warp_logits(target.score_sequence(torch.tensor(ctx))[-1], params).double()
 
-    return exact_sequence_distribution(next_probs, PROMPT, 2)
+    return exact_sequence_distribution(next_probs, prompt, 2)
 
 
-def _pvalue(target, draft, drafter, params: SamplingParams, options=None) -> float:
+def _pvalue(target, draft, drafter, params: SamplingParams, options=None, prompt=PROMPT) -> float:
     """SAMPLES independent generations of the same prompt, batched 64 at a time by the engine."""
-    outs = stree.generate(target, [PROMPT] * SAMPLES, drafter=drafter, draft_model=draft, max_new_tokens=2,
+    outs = stree.generate(target, [prompt] * SAMPLES, drafter=drafter, draft_model=draft, max_new_tokens=2,
                           temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                           seed=1000, max_batch=64, **(options or {}))
     samples = [tuple(out.token_ids) for out in outs]
-    return chisquare_pvalue(samples, _exact_law(target, params))
+    return chisquare_pvalue(samples, _exact_law(target, params, prompt))
 
 
 CASES = [
@@ -104,6 +105,21 @@ def test_speculative_sampling_matches_target_distribution(pair, drafter, options
     target, draft = pair
     d = IIDDrafter(draft) if drafter == "iid" else drafter
     p = _pvalue(target, draft, d, params, options)
+    assert p > ALPHA, f"sampled sequences do not follow the target's law (p={p:.2e})"
+
+
+LOOKUP_CASES = [
+    # point-mass drafts of the device n-gram drafter, and a model beam fused with them (retrieval drafts the same
+    # kind of tree: tests/drafters/test_lookup_device.py)
+    ("ngram", {"lookup_tree": "trie:2x2"}, SamplingParams(temperature=0.9, top_k=5, top_p=0.95)),
+    ("fusion:mamba+ngram", {"tree": "beam:2x2", "lookup_tree": "trie:2x2"}, SamplingParams(temperature=1.0)),
+]
+
+
+@pytest.mark.parametrize("drafter, options, params", LOOKUP_CASES, ids=["ngram-trie-filtered", "fused"])
+def test_lookup_drafts_keep_the_target_distribution(pair, drafter, options, params):
+    target, draft = pair
+    p = _pvalue(target, draft, drafter, params, options, prompt=LOOKUP_PROMPT)
     assert p > ALPHA, f"sampled sequences do not follow the target's law (p={p:.2e})"
 
 
@@ -132,3 +148,6 @@ def test_biased_verification_is_detected(pair, monkeypatch):
     monkeypatch.setattr(engine_mod, "verify_batch", biased)
     p = _pvalue(target, draft, "static-tree", SamplingParams(temperature=1.0), {"tree_widths": "3,2"})
     assert p < ALPHA, f"a biased verifier went undetected (p={p:.3f})"
+    p = _pvalue(target, draft, "ngram", SamplingParams(temperature=1.0), {"lookup_tree": "trie:2x2"},
+                prompt=LOOKUP_PROMPT)
+    assert p < ALPHA, f"a biased verifier went undetected under lookup drafts (p={p:.3f})"

@@ -9,7 +9,9 @@ control (SmartSpec) uses this so one chain's steps measure every shorter chain.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
+
+from stree.protocols.tree_shape import TreeShape
 
 
 class DepthAcceptance:
@@ -56,3 +58,30 @@ class DepthAcceptance:
         """Start from ``other``'s rates (another engine's, over the same drafter), where this one has none."""
         if not self.rate:
             self.rate, self.samples = list(other.rate), list(other.samples)
+
+
+class ChainFamilies:
+    """Chains pool by depth only with chains of the same source (a draft model's, prompt lookup's:
+    ``TreeShape.source``): per source, the ``DepthAcceptance`` of its chains and its deepest chain among ``shapes``."""
+
+    def __init__(self, shapes: Sequence[TreeShape], min_samples: int):
+        self.min_samples = min_samples
+        self.by_source: dict[str, DepthAcceptance] = {}
+        self.deepest: dict[str, TreeShape] = {}
+        for s in shapes:
+            if s.kind == "chain" and s.max_depth > getattr(self.deepest.get(s.source), "max_depth", 0):
+                self.deepest[s.source] = s
+
+    def of(self, source: str) -> DepthAcceptance:
+        """``source``'s per-depth acceptance (made on first use)."""
+        if source not in self.by_source:
+            self.by_source[source] = DepthAcceptance(self.min_samples)
+        return self.by_source[source]
+
+    def tau_for(self, shape: TreeShape) -> Optional[float]:
+        """The tau of the chain as deep as ``shape`` from the same source, when its depths are measured (a fused
+        shape has no one source)."""
+        if shape.kind == "fused":
+            return None
+        depths = self.of(shape.source)
+        return depths.tau(shape.max_depth) if depths.known(shape.max_depth) else None

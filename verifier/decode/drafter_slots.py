@@ -29,7 +29,7 @@ class DrafterSlots:
         self.drafter = drafter
         self.owner = owner
         drafter.claim(owner)
-        drafter.new_slots(batch, max_seqlen)
+        drafter.new_slots(batch, max_seqlen, device)
         self.lazy = bool(drafter.catches_up)
         self.observes = bool(drafter.observes_target)
         self.defer = defer and self.lazy  # prefill only when a draft is chosen, not at admission

@@ -80,15 +80,18 @@ class GoodputController:
                 if s.kind != "none" and (r.samples >= chooser.min_samples or r.primed or r.pooled)}
 
     def learned_depths(self) -> dict:
-        """``{sampled: DepthAcceptance}`` (copies) of every mode whose chains measured some depth."""
-        return {sampled: copy.deepcopy(chooser.depths) for sampled, chooser in self.modes.items()
-                if chooser.depths.rate}
+        """``{sampled: {source: DepthAcceptance}}`` (copies) of every mode and chain source that measured some
+        depth."""
+        learned = {sampled: {source: copy.deepcopy(d) for source, d in chooser.chains.by_source.items() if d.rate}
+                   for sampled, chooser in self.modes.items()}
+        return {sampled: by_source for sampled, by_source in learned.items() if by_source}
 
     def prime_depths(self, depths: dict) -> None:
         """Start each mode's per-depth chain acceptance from ``depths`` (``learned_depths`` of another controller)."""
-        for sampled, rates in depths.items():
+        for sampled, by_source in depths.items():
             chooser = self.mode(sampled)
-            chooser.depths.copy_from(rates)
+            for source, rates in by_source.items():
+                chooser.chains.of(source).copy_from(rates)
             chooser._pool_chains()
 
     def table(self) -> list[dict]:
@@ -103,7 +106,7 @@ class GoodputPriors:
     def __init__(self):
         self.costs: dict = {}  # (shape, sampled) -> seconds per replay of its step graph
         self.tau: dict = {}  # (sampled, shape) -> (tau, retry_every)
-        self.depths: dict = {}  # sampled -> DepthAcceptance of chain drafts
+        self.depths: dict = {}  # sampled -> {source: DepthAcceptance} of chain drafts
         self.refresh_s: Optional[float] = None  # one drafter refresh, timed (else admissions stand in)
 
     def add_cost(self, shape: TreeShape, sampled: bool, seconds: float) -> None:

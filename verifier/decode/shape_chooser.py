@@ -6,7 +6,8 @@ a step of B sequences is B samples), then the chooser takes ``argmax tau / cost`
 ``retry_every`` steps is retried for as many sequence-steps (a retry's samples outweigh the old mean); a retry that
 loses doubles the interval (up to ``max_retry_every``), one that wins resets it. Retries come in bursts: shapes
 half-way to their own retry run right after the one that is due, sharing one drafter refresh. A chain's retry runs
-the deepest chain, whose steps measure every shorter chain per depth (``DepthAcceptance``).
+the deepest chain, whose steps measure every shorter chain per depth (``DepthAcceptance``). Chains filled by
+different sources (a draft model's, prompt lookup's: ``TreeShape.source``) are pooled apart.
 
 With an ``ExploreBudget`` (the engine's) first looks and retries start only while their expected loss fits it, a
 shape is first looked at only if it could win at all, and a tree only if it could win at the acceptance of the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from stree.protocols.tree_shape import TreeShape
-from stree.verifier.decode.depth_acceptance import DepthAcceptance
+from stree.verifier.decode.depth_acceptance import ChainFamilies
 from stree.verifier.decode.explore_budget import ExploreBudget
 
 
@@ -82,8 +83,6 @@ class ShapeChooser:
         self._rows = list(self.stats.values())  # the per-step loops walk these: no shape hashing in them
         # first looks in this order: of the chains that fit, the deepest (its steps measure every shorter chain)
         self._look_order = sorted(self._rows, key=lambda r: -r.shape.max_depth if r.shape.kind == "chain" else 0)
-        self._deepest_chain = max((s for s in self.shapes if s.kind == "chain"), key=lambda s: s.max_depth,
-                                  default=None)
         self.hysteresis = hysteresis
         self.refresh_steps = refresh_steps
         self.min_samples = max(1, int(min_samples))
@@ -91,7 +90,8 @@ class ShapeChooser:
         self.refresh_s = 0.0  # running mean of the drafter refresh per refreshed sequence
         self.refresh_guess = 0.0  # what refreshing one sequence is taken to cost before one was measured
         self.current: Optional[TreeShape] = None  # the shape chosen on merit (not as a retry) last time
-        self.depths = DepthAcceptance(self.min_samples)  # acceptance per depth, pooled over chain steps
+        self.chains = ChainFamilies(self.shapes, self.min_samples)  # acceptance per depth, per source's chains
+        self.depths = self.chains.of("")  # the drafter's own chains
         self._any_known_cost = False  # some shape's cost came from a timed replay (``prime``)
         self.burst: list[TreeShape] = []  # retries still to run in this burst, oldest first
         self.step = 0
@@ -100,6 +100,7 @@ class ShapeChooser:
     def rate(self, shape: TreeShape) -> float:
         """Expected tokens per second per sequence of ``shape``, as measured so far."""
         return self.stats[shape].rate
+
 
     def prime(self, shape: TreeShape, tau: Optional[float] = None, cost: Optional[float] = None,
               retry_every: Optional[int] = None) -> None:
@@ -205,18 +206,20 @@ class ShapeChooser:
         if not unlooked:  # every shape measured or under way: nothing to look at (the usual case, kept cheap)
             return None
         rate = self._best_row(known).rate
-        chain_waits = False  # a deeper chain that could win waits for the budget: no shorter chain goes first
+        waiting: set = set()  # sources whose deeper chain that could win waits for the budget: no shorter first
         for r in self._look_order:
             s = r.shape
-            if r.measured or r.samples or (s.max_depth + 1) / r.cost <= rate or (chain_waits and s.kind == "chain"):
+            if (r.measured or r.samples or (s.max_depth + 1) / r.cost <= rate
+                    or (s.kind == "chain" and s.source in waiting)):
                 continue  # measured, under way, or it could not win with every drafted token accepted
-            if s.kind != "chain" and self.depths.known(s.max_depth) and not self._could_win(
-                    r, rate, self.depths.tau(s.max_depth)):
+            chain_tau = self.chains.tau_for(s) if s.kind != "chain" else None
+            if chain_tau is not None and not self._could_win(r, rate, chain_tau):
                 continue  # the chain of its depth says it would not win
             if self.budget.affords(self._expected_loss(r, 1.0, rate)):  # as if no drafted token were accepted
                 self.burst = [s] * (self.burst_steps() - 1)
                 return s
-            chain_waits = chain_waits or s.kind == "chain"
+            if s.kind == "chain":
+                waiting.add(s.source)
         return None
 
     def _due_row(self, r: ShapeStats, best_rate: float, frac: float = 1.0) -> bool:
@@ -250,9 +253,9 @@ class ShapeChooser:
         return r.cost
 
     def _retried_row(self, r: ShapeStats) -> ShapeStats:
-        """The row whose shape a retry of ``r`` runs: a chain's retry runs the deepest chain."""
-        if r.shape.kind == "chain" and self._deepest_chain is not None:
-            return self.stats[self._deepest_chain]
+        """The row whose shape a retry of ``r`` runs: a chain's retry runs the deepest chain of its source."""
+        if r.shape.kind == "chain":
+            return self.stats[self.chains.deepest[r.shape.source]]
         return r
 
     def _expected_loss(self, r: ShapeStats, tau: float, rate: float) -> float:
@@ -287,7 +290,8 @@ class ShapeChooser:
             a = self.alpha
         pooled = bool(emitted) and shape.kind == "chain"
         if pooled:
-            self.depths.observe(shape.max_depth, [n - 1 for n in emitted], a if r.retrying else self.alpha)
+            self.chains.of(shape.source).observe(shape.max_depth, [n - 1 for n in emitted],
+                                                 a if r.retrying else self.alpha)
         r.tau += a * (tau - r.tau)
         r.cost += a * (seconds - r.cost)
         r.seen += 1
@@ -304,26 +308,30 @@ class ShapeChooser:
 
     def _back_off(self, r: ShapeStats) -> None:
         """A retry of ``r``'s shape ended: a winner's interval resets, a loser's doubles (up to the cap). A chain's
-        retry measured every shorter chain too, so they share one interval."""
+        retry measured every shorter chain of its source too, so they share one interval."""
         shape, best = r.shape, self._best_row().shape
         if shape.kind != "chain":
             r.retry_every = self.retry_every if best == shape else min(2 * r.retry_every, self.max_retry_every)
             return
-        chains = [c for c in self._rows if c.shape.kind == "chain" and c.shape.max_depth <= shape.max_depth]
-        won = best.kind == "chain" and best.max_depth <= shape.max_depth
+        chains = [c for c in self._rows if c.shape.kind == "chain" and c.shape.source == shape.source
+                  and c.shape.max_depth <= shape.max_depth]
+        won = best.kind == "chain" and best.source == shape.source and best.max_depth <= shape.max_depth
         every = self.retry_every if won else min(2 * max(c.retry_every for c in chains), self.max_retry_every)
         for c in chains:
             c.retry_every = every
 
     def _pool_chains(self, stepped: Optional[TreeShape] = None) -> None:
-        """Every chain whose depths are measured takes its tau from the per-depth rates; those no deeper than the
-        ``stepped`` chain (if any) were measured just now (their retry clock restarts)."""
+        """Every chain whose depths are measured takes its tau from its source's per-depth rates; those no deeper
+        than the ``stepped`` chain of the same source (if any) were measured just now (their retry clock
+        restarts)."""
         for r in self._rows:
             s = r.shape
-            if s.kind == "chain" and self.depths.known(s.max_depth):
-                r.tau, r.pooled = self.depths.tau(s.max_depth), True
+            depths = self.chains.of(s.source) if s.kind == "chain" else None
+            if depths is not None and depths.known(s.max_depth):
+                r.tau, r.pooled = depths.tau(s.max_depth), True
                 r.remeasure(self.min_samples)
-                if stepped is not None and s != stepped and s.max_depth <= stepped.max_depth:
+                if (stepped is not None and s != stepped and s.source == stepped.source
+                        and s.max_depth <= stepped.max_depth):
                     r.last_step, r.last_clock = self.step, self.budget.clock
 
     def table(self) -> list[dict]:

@@ -15,7 +15,7 @@ from torch.profiler import record_function
 
 from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode, TreeBatch
-from stree.protocols.tree_layout import LayoutCache
+from stree.protocols.tree_layout import LayoutCache, fixed_parents
 from stree.protocols.tree_shape import TreeShape
 from stree.verifier.decode.drafter_slots import DrafterSlots
 from stree.verifier.decode.host_trees import HostTrees
@@ -130,8 +130,9 @@ class StepProgram:
         slots: DrafterSlots = self.drafter
         with record_function("stree.draft"):
             draft = slots.drafter.draft(shape, self.roots, self.sampling, sampled)
-        layout = self.layouts.get(shape, with_ancestors=shape.kind != "beam")
-        res = self._verify_commit(draft.tokens, draft.parents, layout.depth, layout.count, layout.valid,
+        layout = self.layouts.get(shape, with_ancestors=fixed_parents(shape))
+        valid = layout.valid if draft.valid is None else draft.valid
+        res = self._verify_commit(draft.tokens, draft.parents, layout.depth, layout.count, valid,
                                   draft.q if sampled else None, draft.mode if sampled else DraftMode.DETERMINISTIC,
                                   shape.max_depth, shape.max_width, sampled, shape.is_chain, layout.anc)
         with record_function("stree.draft_commit"):

@@ -4,6 +4,10 @@ Each node of the merged tree is scored (by default: how many source trees contai
 pluggable ``scorer``, e.g. a draft model's log-probabilities as in RASD) and the best-scoring
 nodes that fit the budget are kept. Only deterministic trees can be merged: children drawn by
 sampling carry draft probabilities whose rejection rule a union would break.
+
+A draft model beside a lookup drafter (``fusion:mamba+ngram``, ``fusion:mamba+retrieval``) fuses on the
+device instead (``device_drafter``: ``device_fusion.py``), inside the engine's step graph: every node of
+both trees is kept (the fused shape's node count is fixed), so no scorer is needed there.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from stree.protocols import (
     DraftBudget,
     Drafter,
     DraftMode,
-    HostDrafter,
     SamplingParams,
     TokenTree,
 )
 
+from stree.drafter_service.drafters.fusion.device_fusion import CompositeDeviceDrafter, composite_shapes
+from stree.drafter_service.drafters.lookup.device_base import LookupDeviceDrafter
 from stree.drafter_service.drafters.tree_prune import CandidateTrie, prune_to_budget
+from stree.protocols.device_drafter import DeviceOffer
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ def merge_trees(trees: Sequence[TokenTree], budget: DraftBudget, scores: Optiona
     return prune_to_budget(tokens, parents, node_scores.tolist(), budget)
 
 
-class FusionDrafter(HostDrafter):
+class FusionDrafter:
     """Runs several deterministic drafters side by side and merges their trees each step.
 
     ``scorer(context, tree) -> [N]`` per-node log-scores replaces the default agreement count.
@@ -99,9 +105,29 @@ class FusionDrafter(HostDrafter):
         self.drafters = drafters
         self.scorer = scorer
         self.name = "+".join(str(getattr(d, "name", type(d).__name__)) for d in drafters)
+        self._device: Optional[CompositeDeviceDrafter] = None
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "FusionSession":
         return FusionSession(prompt_ids, params, self)
+
+    def device_drafter(self) -> Optional[DeviceOffer]:
+        """A draft model's device drafter and a lookup one, fused on the device (``composite_shapes``), or None:
+        other members, or a model shape that cannot be fused there, fuse on the host."""
+        if len(self.drafters) != 2:
+            return None
+        offers = [d.device_drafter() for d in self.drafters]
+        if any(o is None for o in offers):
+            return None
+        lookups = [o for o in offers if isinstance(o.drafter, LookupDeviceDrafter)]
+        models = [o for o in offers if not isinstance(o.drafter, LookupDeviceDrafter)]
+        if len(lookups) != 1 or len(models) != 1 or not models[0].drafter.follows_trees:
+            return None
+        shapes = composite_shapes(models[0].shapes, lookups[0].shapes)
+        if not shapes:
+            return None
+        if self._device is None:  # one per drafter: the engine holding it keeps its graphs
+            self._device = CompositeDeviceDrafter(models[0].drafter, lookups[0].drafter, shapes)
+        return DeviceOffer(self._device, list(self._device.shapes))
 
 
 class FusionSession(ContextSession):

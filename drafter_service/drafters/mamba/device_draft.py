@@ -6,6 +6,8 @@ ancestors, so placeholders never change a real node) and picks their children. A
 finished tree leaves the activations that move the draft state along the accepted path by replay,
 exactly as the target's commit does, so the draft state never steps token by token and never
 reorders rows. Everything has fixed shapes, so the engine captures it inside its one step graph.
+That last pass runs when the commit needs it, over the tree the step verified: the draft's own, or
+another one the drafter was told to ``follow`` (a lookup tree, or its own merged with one).
 
 On a pure Mamba2 draft model, chains and beams are picked by one-token decode steps instead
 (``chain_steps``, ``beam_steps``): a chain steps a scratch copy of the slots' state (an SSM state
@@ -39,6 +41,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
 
     KINDS = ("chain", "static", "beam")
     catches_up = True
+    follows_trees = True
 
     def __init__(self, model, head=None, generator: Optional[torch.Generator] = None,
                  chain_steps: Optional[bool] = None, beam_steps: Optional[bool] = None):
@@ -48,7 +51,8 @@ class DeviceTreeDrafter(DeviceDrafterBase):
         self.state = None
         self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
         self.beam_scratch: dict = {}  # beams by steps: M -> two states of B x M rows (sequence b's beams at b*M..)
-        self.acts = None
+        self._verified = None  # (TreeBatch, ancestor mask or None): the tree the next commit's path indexes
+        self._acts = None  # its commit activations, once computed
         self.layouts: Optional[LayoutCache] = None
         self._attends = any(b.is_attention for b in model.backbone.layers)  # has tree attention masks to make
         pure = all(b.kind == "mamba" for b in model.backbone.layers)  # a state small enough to copy per draft
@@ -59,7 +63,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
         return shape.kind in self.KINDS
 
     # ----- slots --------------------------------------------------------------------------------
-    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
+    def new_slots(self, batch_size: int, max_seqlen: int, device=None) -> None:
         self.state = self.model.new_state(batch_size, max_seqlen)
         self.scratch = self.model.new_state(batch_size, max_seqlen) if self.chain_steps else None
         self.beam_scratch = {}
@@ -112,9 +116,23 @@ class DeviceTreeDrafter(DeviceDrafterBase):
         logits, acts = self.model.tree_forward(self._trees(tokens, parents), self.state, anc_mask=self.anc)
         return self._masked(logits), acts
 
-    def _acts(self, tokens: torch.Tensor, parents: torch.Tensor):
-        """The commit's activations of the finished tree: a tree pass without the final norm and LM head."""
-        return self.model.tree_forward(self._trees(tokens, parents), self.state, anc_mask=self.anc, acts_only=True)[1]
+    def _finish(self, tokens: torch.Tensor, parents: torch.Tensor) -> None:
+        """The draft is done: the step verifies this tree (unless told to ``follow`` another)."""
+        self._verified, self._acts = (self._trees(tokens, parents), self.anc), None
+
+    def follow(self, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor) -> None:
+        """The step verifies these trees (parents chosen per step): the commit replays along them."""
+        count = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
+        self._verified, self._acts = (TreeBatch(tokens, parents, depth, count), None), None
+
+    @property
+    def acts(self):
+        """The commit's activations of the verified tree: a tree pass without the final norm and LM head, run when
+        first asked for (by the commit, inside the step)."""
+        if self._acts is None:
+            trees, anc = self._verified
+            self._acts = self.model.tree_forward(trees, self.state, anc_mask=anc, acts_only=True)[1]
+        return self._acts
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
         """Trees of ``shape`` rooted at ``roots`` ([B]); ``any_sampled`` (static) says whether Gumbel noise is
@@ -155,7 +173,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
             nxt = self.starts[d + 1]
             tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
         # a sampled child the draft gives no mass (support smaller than the width) could never be drawn
-        self.acts = self._acts(tokens, parents)
+        self._finish(tokens, parents)
         return DeviceDraft(tokens, parents, q, DraftMode.WITHOUT_REPLACEMENT)
 
     def _draft_beam(self, roots, sampling: RowSampling, any_sampled: bool = True) -> DeviceDraft:
@@ -166,7 +184,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
             logits, _ = self._logits(tokens, parents)
             logq = _beam_log_q(logits[:, lo:hi], sampling, any_sampled)
             scores, _ = self._beam_level(tokens, parents, scores, logq, d)
-        self.acts = self._acts(tokens, parents)
+        self._finish(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
 
     def _beam_start(self, roots: torch.Tensor):
@@ -219,7 +237,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
             if d + 1 < self.shape.depth:
                 source, rows = scratch[d % 2], fan if d == 0 else (offsets + src).reshape(-1)
                 feed = tokens[:, self.starts[d + 1]: self.starts[d + 1] + m].reshape(-1)
-        self.acts = self._acts(tokens, parents)
+        self._finish(tokens, parents)
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)
 
     def commit(self, path: torch.Tensor, path_len: torch.Tensor) -> None:

@@ -182,27 +182,6 @@ class Datastore:
                 hi_len = mid - 1
         return best if best[0] >= max(min_len, 1) else (0, 0, 0)
 
-    def continuations(self, context: Sequence[int], depth: int, max_suffix: int = 16,
-                      min_suffix: int = 1, max_occurrences: int = 5000) -> np.ndarray:
-        """What followed the longest matching context suffix: ``[K, depth]`` token ids, -1 past each end.
-
-        At most ``max_occurrences`` occurrences are read, spread evenly over all of them.
-        """
-        m, lo, hi = self.longest_suffix_match(context, max_suffix, min_suffix)
-        if m == 0 or depth <= 0:
-            return np.zeros((0, max(depth, 0)), dtype=np.int64)
-        slots = np.arange(lo, hi)
-        if len(slots) > max_occurrences:
-            slots = np.unique(np.linspace(lo, hi - 1, max_occurrences).astype(np.int64))
-        starts = np.asarray(self.suffix_array[slots], dtype=np.int64) + m
-        offsets = starts[:, None] + np.arange(depth)[None, :]
-        inside = offsets < len(self.tokens)
-        rows = np.where(inside, np.asarray(self.tokens)[np.minimum(offsets, len(self.tokens) - 1)], SEPARATOR)
-        rows = rows.astype(np.int64)
-        ended = np.cumsum(rows == SEPARATOR, axis=1) > 0
-        rows[ended] = SEPARATOR
-        return rows[rows[:, 0] != SEPARATOR]
-
     def info(self) -> dict:
         """Header fields plus a few corpus statistics."""
         out = self.header()

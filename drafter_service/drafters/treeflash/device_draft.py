@@ -40,7 +40,7 @@ class TreeFlashDeviceDrafter(DeviceDrafterBase):
         return shape.kind in self.KINDS and shape.max_depth <= self.net.config.depth
 
     # ----- slots: the target's hidden state at the last accepted node ------------------------
-    def new_slots(self, batch_size: int, max_seqlen: int) -> None:
+    def new_slots(self, batch_size: int, max_seqlen: int, device=None) -> None:
         self.hidden = torch.zeros(batch_size, self.net.config.d_target, device=self.net.device, dtype=self.net.dtype)
         self._parents = {}
 
