@@ -9,8 +9,23 @@ import time
 import ray
 
 from stree.drafter_service.actors import PoolConfig, init_ray
+from stree.drafter_service.drafters.ngram import NgramDrafter
 from stree.drafter_service.service import DrafterServer
 from stree.proto.rpc import shared_loop
+from stree.protocols import register_drafter
+
+
+class HostNgramDrafter(NgramDrafter):
+    """The n-gram drafter on the host only: a server whose default drafts on the host takes any registered drafter
+    per request (a device-drafting server refuses other names), which the plugin-failure tests need."""
+
+    name = "host-ngram"
+
+    def device_drafter(self) -> None:
+        return None
+
+
+register_drafter("host-ngram", lambda **kw: HostNgramDrafter(**kw), replace=True)
 
 
 class TinyStack:

@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service_helpers import TinyStack, grpc_served, wait_until
 from stree.proto.stree.v1 import common_pb2, generation_pb2
+from stree.protocols import HostDrafter
 from stree.protocols.registry import register_drafter
 from stree.verifier.decode.loop import generate
 from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, ServerLimits
@@ -22,7 +23,7 @@ AUTH = (("authorization", f"Bearer {KEY}"),)
 S = grpc.StatusCode
 
 
-class _OpenRaises:
+class _OpenRaises(HostDrafter):
     """A plugin whose ``open`` fails with a message holding a path and a class name."""
 
     name = "open-raises"
@@ -37,7 +38,7 @@ register_drafter("open-raises", lambda **_: _OpenRaises(), replace=True)
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = TinyStack(tmp_path_factory.mktemp("m"), seed=21, n_layer=1)
-    s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("ngram"), api_key=KEY, model_name="tiny",
+    s.server = GenerationServer(s.model, s.tok, EmbeddedDrafters("host-ngram"), api_key=KEY, model_name="tiny",
                                 limits=ServerLimits(max_sessions=2, max_waiting=8, max_seq_len=4096,
                                                     max_streams_per_client=2))
     with grpc_served(s.server) as (s.channel, s.stub):

@@ -23,6 +23,7 @@ httpx = pytest.importorskip("httpx")
 
 from service_helpers import TinyStack, wait_until  # noqa: E402
 from stree.proto.rpc import exposure_warnings, is_loopback, shared_loop  # noqa: E402
+from stree.protocols import HostDrafter  # noqa: E402
 from stree.protocols.registry import register_drafter  # noqa: E402
 from stree.verifier.decode.loop import generate  # noqa: E402
 from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, ServerLimits  # noqa: E402
@@ -32,7 +33,7 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor 
 LONG = {"model": "tiny", "prompt": "AB", "max_tokens": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
 
 
-class _OpenRaises:
+class _OpenRaises(HostDrafter):
     name = "http-open-raises"
 
     def open(self, prompt_ids, params):
@@ -71,7 +72,7 @@ def stack(tmp_path_factory):
     (s.model_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     loop = shared_loop()
     s.watched = Watched(s.tok)
-    s.server = GenerationServer(s.model, s.watched, EmbeddedDrafters("ngram"), http_port=0, model_name="tiny",
+    s.server = GenerationServer(s.model, s.watched, EmbeddedDrafters("host-ngram"), http_port=0, model_name="tiny",
                                 model_dir=str(s.model_dir),
                                 limits=ServerLimits(max_sessions=2, max_waiting=40, max_seq_len=4096,
                                                     max_streams_per_client=16, body_timeout_s=1.0,
