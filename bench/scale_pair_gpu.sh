@@ -9,7 +9,7 @@
 #   tail -n 3 out/scale/scale-pair.log; cat out/scale/DONE 2>/dev/null   # DONE: the exit code, once it ended
 # Writes out/scale/pair/{scale-target,scale-draft,scale-treeflash}/ (each with its train log and loss plot) and
 # the record out/scale/scale-pair-train-<card>-<date>.json (a copy under results/).
-# Env: GPUS (default: every GPU), COMPILE=1 (torch.compile the pieces around the SSD), TINY=1 (toy sizes).
+# Env: GPUS (default: every GPU), MINUTES=T,D,F (training caps), COMPILE=1 (torch.compile the pieces around the SSD), TINY=1 (toy sizes).
 # Usage (repo root): bench/scale_pair_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
 out="${1:?usage: $0 OUT_DIR [TAG]}"
@@ -28,4 +28,5 @@ args=(--out "$out" --gpus "$gpus")
 [ -n "${2:-}" ] && args+=(--tag "$2")
 [ "${COMPILE:-0}" = 1 ] && args+=(--compile)
 [ "${TINY:-0}" = 1 ] && args+=(--tiny)
+[ -n "${MINUTES:-}" ] && args+=(--minutes "$MINUTES")
 python3 -m stree.cli bench scale-pair "${args[@]}" 2>&1 | tr '\r' '\n'

@@ -199,6 +199,7 @@ def run(args) -> int:
     cases = [(s, t, m) for s in sets for t in args.temperatures for m in methods]
     plain_out: dict = {}
     meta = {**record_meta("e2e", device), "target": args.target, "draft": args.draft,
+            "target_params": sum(p.numel() for p in target.parameters()), "target_layers": target.config.n_layer,
             "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
             "chain_length": args.chain_length, "static_widths": args.static_widths, "beam_tree": args.beam_tree,
             "lookup_tree": args.lookup_tree, "fused_lookup_tree": args.fused_lookup_tree,

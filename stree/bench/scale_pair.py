@@ -11,6 +11,7 @@ goes to stdout as it happens. ``--tiny`` runs the same pipeline at toy size (CPU
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -150,6 +151,9 @@ def summarise(out: Path, walls: dict, gpus: int, device: torch.device, tag: str)
 
 def scale_pair_command(args) -> int:
     sizes = TINY if args.tiny else Sizes()
+    if args.minutes:  # "TARGET,DRAFT,TREEFLASH" wall-clock caps instead of the defaults
+        t, d, f = (float(x) for x in args.minutes.split(","))
+        sizes = dataclasses.replace(sizes, target_minutes=t, draft_minutes=d, treeflash_minutes=f)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -191,6 +195,9 @@ def add_parser(sub) -> None:
                    help="read the corpus from DIR instead of site-packages (repeatable)")
     p.add_argument("--results", default="results", help="folder for the record (also written to OUT)")
     p.add_argument("--tag", default=None, help="record name tag (default: <card>-<YYYYMMDD>)")
+    p.add_argument("--minutes", default=None, metavar="T,D,F",
+                   help="training caps in minutes for the target, the drafter and the TreeFlash head "
+                        "(default: 5.5,1.5,1)")
     p.add_argument("--compile", action="store_true", help="torch.compile the training pieces")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes")
     p.add_argument("--device", default=None)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The headline measurements in two device calls on the 4-GPU machine (nvidia-h100-x4), about 9 minutes each.
+#
+#   PHASE=start : the scale pair starts training, detached, on GPUs 2 and 3 (bench/scale_pair_gpu.sh, capped at
+#                 MINUTES=4,1.2,0.8); meanwhile GPU 0 runs `stree bench numerics` (2.7B shape, bf16, exact vs fast
+#                 vs mamba_ssm) then the exact GPU tests, and GPU 1 runs `stree bench e2e --dtype bfloat16` on the
+#                 demo pair (the ==greedy record) then the other GPU test files, each time-limited.
+#   PHASE=finish: waits for the training to end, then runs on the scale pair, one GPU each: the e2e table on
+#                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
+#                 T=1), and the lookup e2e on the copy-heavy sets.
+# Records land in OUT_DIR (copy them to results/); a short table prints last.
+# Usage (repo root): PHASE=start|finish bench/headline_gpu.sh OUT_DIR [TAG]
+set -uo pipefail
+phase=${PHASE:?PHASE=start or PHASE=finish}
+keep=/tmp/stree-lease  # lives on the machine between the two calls
+mkdir -p "$keep"
+tag_arg=${2:-h100-$(date +%Y%m%d)}
+if [ "$phase" = start ]; then
+  (cd "$PWD" && CUDA_VISIBLE_DEVICES=2,3 GPUS=2 MINUTES=${MINUTES:-4,1.2,0.8} STREE_SITE=/tmp/stree-site-train \
+     setsid nohup bench/scale_pair_gpu.sh "$keep/scale" "$tag_arg" >/dev/null 2>&1 </dev/null &)
+fi
+source bench/gpu_start.sh "$@"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+data=(--mt-bench .data/mt_bench.jsonl --spec-bench .data/spec_bench.jsonl --gsm8k .data/gsm8k.jsonl)
+e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OUT/NAME.txt, its record OUT/NAME.json
+  local gpu=$1 secs=$2 name=$3; shift 3
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m stree.cli bench e2e "${data[@]}" --num-prompts 8 \
+    --max-new-tokens 128 --out "$out/$name.json" "$@" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' > "$out/$name.txt"
+}
+tests() {  # tests GPU SECONDS FILE...: each file time-limited, a line each in OUT/lanes-TAG.txt
+  local gpu=$1 secs=$2; shift 2
+  for f in "$@"; do
+    local name; name=$(basename "$f" .py)
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
+      "$f" > "$out/$name-$tag.txt" 2>&1
+    echo "$name rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
+  done
+}
+if [ "$phase" = start ]; then
+  (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m stree.cli bench numerics --reps 10 \
+      --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1
+   tests 0 130 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py) &
+  (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
+      --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
+   tests 1 60 tests/gpu/test_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_lookup_gpu.py \
+      tests/gpu/test_hf_kernels.py tests/gpu/test_sampled_verify_gpu.py) &
+  wait
+  echo "===== start summary ($tag)"
+  cat "$out/lanes-$tag.txt"
+  grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
+  tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
+  tail -n 40 "$out/e2e-exact-bf16-$tag.txt" | cut -c1-200
+  echo "----- scale pair so far"
+  tail -n 6 "$keep/scale/scale-pair.log" | cut -c1-300
+  exit 0
+fi
+# finish
+for _ in $(seq 1 "${WAIT_S:-240}"); do [ -f "$keep/scale/DONE" ] && break; sleep 1; done
+cp "$keep/scale/scale-pair.log" "$keep"/scale/scale-pair-train-*.json "$out/" 2>/dev/null
+cp "$keep"/scale/pair/*/train*.{png,jsonl,log} "$out/" 2>/dev/null
+echo "scale pair DONE=$(cat "$keep/scale/DONE" 2>/dev/null || echo still-running)"
+grep -E "^\[scale-pair\]" "$keep/scale/scale-pair.log" | tail -6 | cut -c1-400
+pair="$keep/scale/pair"
+scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype float32)
+secs=${E2E_S:-400}
+k=0
+for set in humaneval in_domain mt_bench; do
+  e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
+    --methods plain,mamba_ssm,chain,static,beam,treeflash,auto &
+  k=$((k + 1))
+done
+e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
+  --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto &
+wait
+echo "===== finish summary ($tag)"
+for f in "$out"/e2e-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
