@@ -106,21 +106,21 @@ def _walk_tree(lo, hi, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_
         elif tl.sum(at_sib.to(tl.int32), 0) > 0:
             state = sib
             start = d - tl.sum(tl.where(at_sib, idx, 0), 0) + 1
-        parent = state
-        new = state
-        x = tl.zeros([BP], dtype=tl.float32)
-        for m in range(start, d + 1):  # one decode step per node on the path, root side first
+        for m in range(start, d):  # one decode step per ancestor still to walk, root side first
             node = tl.sum(tl.where(idx == d - m, rev, 0), 0)
             x = tl.load(x_b + node * s_xn, mask=p_ok, other=0.0).to(tl.float32)
             bv = tl.load(b_b + node * s_xn, mask=s_ok, other=0.0).to(tl.float32)
-            parent = state
-            new = ssm_update(state, tl.load(dt_b + node * s_dn), a_h, x, bv)
-            state = carry(new, STATE_DTYPE)
+            state = carry(ssm_update(state, tl.load(dt_b + node * s_dn), a_h, x, bv), STATE_DTYPE)
+        # node i's own step, outside the loop: every value the outer loop carries is then a new one, which
+        # Triton's front end needs to see a variable as loop-carried (a plain copy of a carried value is not)
+        x = tl.load(x_b + i * s_xn, mask=p_ok, other=0.0).to(tl.float32)
+        bv = tl.load(b_b + i * s_xn, mask=s_ok, other=0.0).to(tl.float32)
+        new = ssm_update(state, tl.load(dt_b + i * s_dn), a_h, x, bv)
         cv = tl.load(c_b + i * s_xn, mask=s_ok, other=0.0).to(tl.float32)
         tl.store(y_b + i * s_yn, ssm_output(new, cv, dskip, x).to(y_b.dtype.element_ty), mask=p_ok)
-        sib = parent
+        sib = state  # i's parent's state
         sib_node = tl.sum(tl.where(idx == 1, rev, 0), 0)  # i's parent (-1 for the root)
-        cur = state
+        cur = carry(new, STATE_DTYPE)
         cur_node = i
 
 
