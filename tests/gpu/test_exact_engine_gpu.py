@@ -16,7 +16,7 @@ from stree.verifier.model.treeflash import TreeFlashConfig, TreeFlashNet
 from hf_helpers import FAMILIES, tiny_pair
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]  # every dtype exact numerics covers
 BATCHES = (1, 3, 8, 64)
 GRAPHED = ("beam:4x3", "chain:4")  # these run as CUDA-graph replays (the rest eagerly: the same kernels)
 
@@ -70,7 +70,7 @@ def mismatches(target, specs, prompts, n_new: int, batches=BATCHES) -> list:
 
 @pytest.fixture(scope="module")
 def tiny(gpu_models):
-    """The tiny checkpoints of ``conftest.py`` (random weights, no sharpening) in each half dtype."""
+    """The tiny checkpoints of ``conftest.py`` (random weights, no sharpening) in each dtype."""
     return {(name, dtype): load_model(path, device="cuda", dtype=dtype) for name, path in gpu_models.items()
             for dtype in DTYPES}
 

@@ -23,7 +23,7 @@ from stree.kernels.tree_conv_scan import split_xbc
 from stree.protocols.token_tree import TokenTree, TreeBatch, ancestor_mask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]  # every dtype exact numerics covers
 ROW_COUNTS = list(range(1, 65)) + [100, 517, 1000]
 
 
