@@ -11,6 +11,7 @@ goes to stdout as it happens. ``--tiny`` runs the same pipeline at toy size (CPU
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -149,10 +150,22 @@ def summarise(out: Path, walls: dict, gpus: int, device: torch.device, tag: str)
     }
 
 
+def minute_caps(text: str) -> tuple[float, float, float]:
+    """``--minutes T,D,F``: three positive numbers of minutes (target, drafter, TreeFlash head)."""
+    try:
+        caps = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        caps = ()
+    if len(caps) != 3 or not all(0 < c < 1e4 for c in caps):
+        raise argparse.ArgumentTypeError(f"expected three positive minutes TARGET,DRAFT,TREEFLASH (e.g. 4,1.2,0.8), "
+                                         f"got {text!r}")
+    return caps
+
+
 def scale_pair_command(args) -> int:
     sizes = TINY if args.tiny else Sizes()
-    if args.minutes:  # "TARGET,DRAFT,TREEFLASH" wall-clock caps instead of the defaults
-        t, d, f = (float(x) for x in args.minutes.split(","))
+    if args.minutes:  # wall-clock caps instead of the defaults
+        t, d, f = args.minutes
         sizes = dataclasses.replace(sizes, target_minutes=t, draft_minutes=d, treeflash_minutes=f)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +208,7 @@ def add_parser(sub) -> None:
                    help="read the corpus from DIR instead of site-packages (repeatable)")
     p.add_argument("--results", default="results", help="folder for the record (also written to OUT)")
     p.add_argument("--tag", default=None, help="record name tag (default: <card>-<YYYYMMDD>)")
-    p.add_argument("--minutes", default=None, metavar="T,D,F",
+    p.add_argument("--minutes", type=minute_caps, default=None, metavar="T,D,F",
                    help="training caps in minutes for the target, the drafter and the TreeFlash head "
                         "(default: 5.5,1.5,1)")
     p.add_argument("--compile", action="store_true", help="torch.compile the training pieces")

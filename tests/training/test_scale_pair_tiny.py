@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from corpus_helpers import toy_site
@@ -40,3 +41,14 @@ def test_tiny_scale_pair_pipeline_writes_the_record_and_a_working_pair(tmp_path)
         plain = generate(target, [5, 6, 7, 8], max_new_tokens=16).token_ids
         spec = generate(target, [5, 6, 7, 8], drafter="mamba", draft_model=draft, tree="chain:3", max_new_tokens=16)
     assert spec.token_ids == plain
+
+
+def test_minute_caps_take_three_positive_numbers_and_name_the_format():
+    import argparse
+
+    from stree.bench.scale_pair import minute_caps
+
+    assert minute_caps("4,1.2,0.8") == (4.0, 1.2, 0.8)
+    for bad in ("4,1", "4,x,1", "4,0,1", "-1,1,1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="TARGET,DRAFT,TREEFLASH"):
+            minute_caps(bad)
