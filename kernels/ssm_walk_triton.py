@@ -9,11 +9,11 @@ rounded to the state's dtype after every step as a stored state is) and writes `
 tile of the decode step's shape (``walk_tile``, the whole d_state). No cumulative sums of ``dt A`` and no products
 of decays: a node's output is what one-token decode steps along its path give, bit for bit.
 
-A chain (``is_chain``) is one loop of one step per node, its loads pipelined. In a tree, a node's walk starts from
-the deepest state the program still holds: the previous node's, or that node's parent's (its sibling's parent).
-Depth-first orders therefore cost one step per node; a level-ordered tree walks back from the committed state where
-neither is on the path (about the tree's depth per node). Where few programs would run (small batches), a tree's
-nodes are split over more programs, which changes no bit.
+A chain (``is_chain``) is one loop of one step per node, its loads pipelined. A tree is walked in depth-first
+preorder (``preorder``, computed in registers from the parents): a node's walk starts from the deepest state the
+program still holds, the previous node's or that node's parent's, so most nodes cost one step, and a node after a
+finished subtree walks down from the nearest held ancestor or the committed state. Where few programs would run
+(small batches), a tree's preorder is split over more programs, which changes no bit.
 """
 
 from __future__ import annotations
@@ -72,21 +72,44 @@ def _tree_walk_kernel(
                      mask=p_ok & (offs_p * 0 + i >= lo))
             state = carry(new, sdt)
     else:
-        _walk_tree(lo, hi, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn, sdt,
-                   NP, BP)
+        _walk_tree(lo, hi, N, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn,
+                   sdt, NP, BP)
 
 
 @triton.jit
-def _walk_tree(lo, hi, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn,
+def preorder(par, ok, idx):
+    """``order[p]``: the node at position ``p`` of the tree's depth-first preorder (children in node order), from
+    its parents ``par`` in registers (``ok``: real nodes). A node's position counts, over it and its ancestors k,
+    ``1 +`` the nodes in the subtrees of k's earlier siblings."""
+    anc = (ok[:, None] & (idx[:, None] == idx[None, :])).to(tl.int32)  # [i, k]: k is i or one of its ancestors
+    up = tl.where(ok, par, -1)
+    while tl.max(up, 0) >= 0:
+        anc = tl.where((up[:, None] == idx[None, :]) & (up[:, None] >= 0), 1, anc)
+        up = tl.where(up >= 0, tl.sum(tl.where(idx[None, :] == up[:, None], par[None, :], 0), 1), -1)
+    size = tl.sum(anc, 0)  # nodes in k's subtree
+    earlier = (par[:, None] == par[None, :]) & (idx[None, :] < idx[:, None]) & ok[:, None] & ok[None, :]
+    before = tl.sum(tl.where(earlier, size[None, :], 0), 1)
+    pos = tl.sum(anc * (before + 1)[None, :], 1) - 1
+    return tl.sum(tl.where((pos[:, None] == idx[None, :]) & ok[:, None], idx[:, None], 0), 0)
+
+
+@triton.jit
+def _walk_tree(lo, hi, N, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok, s_ok, s_xn, s_dn, s_pn, s_yn,
                STATE_DTYPE: tl.constexpr, NP: tl.constexpr, BP: tl.constexpr):
-    """Nodes ``lo .. hi-1`` of a tree: each one's state stepped along its path from the deepest state held."""
+    """The nodes at positions ``lo .. hi-1`` of the tree's depth-first preorder: each one's state stepped along
+    its path from the deepest state held."""
     idx = tl.arange(0, NP)
+    node_ok = idx < N
+    parents = tl.where(node_ok, tl.load(par_b + idx * s_pn, mask=node_ok, other=-1).to(tl.int32), -1)
+    parents = tl.where(parents < idx, parents, -1)  # a parent comes before its child, as the walk up below needs
+    order = preorder(parents, node_ok, idx)
     cur = h0  # the state of node cur_node, and sib that of its parent sib_node (-1: nothing held)
     sib = h0
     cur_node = lo * 0 - 1
     sib_node = lo * 0 - 1
-    for i in range(lo, hi):
-        # rev[k] = the k-th ancestor of node i (rev[0] = i), for k <= d, its depth
+    for k in range(lo, hi):
+        i = tl.sum(tl.where(idx == k, order, 0), 0)
+        # rev[m] = the m-th ancestor of node i (rev[0] = i), for m <= d, its depth
         rev = tl.full([NP], -1, dtype=tl.int32)
         v = i
         d = i * 0 - 1

@@ -150,7 +150,7 @@ def test_the_compiled_tree_walk_carries_the_current_and_the_parent_state():
     proc = subprocess.run([sys.executable, "-c", _WALK_IR], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     walk = proc.stdout[proc.stdout.index("@stree.kernels.ssm_walk_triton._walk_tree"):]
-    node_loop = re.search(r"scf\.for %i = [^\n]*? iter_args\((.*?)\) -> \((.*?)\)", walk)
+    node_loop = re.search(r"scf\.for %k = [^\n]*? iter_args\((.*?)\) -> \((.*?)\)", walk)
     assert node_loop is not None, walk[:2000]
     # cur and sib (two states), cur_node and sib_node
     assert node_loop.group(2) == "tensor<16x64xf32>, tensor<16x64xf32>, i32, i32", node_loop.group(0)
