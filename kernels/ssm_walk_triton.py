@@ -77,20 +77,25 @@ def _tree_walk_kernel(
 
 
 @triton.jit
-def preorder(par, ok, idx):
-    """``order[p]``: the node at position ``p`` of the tree's depth-first preorder (children in node order), from
-    its parents ``par`` in registers (``ok``: real nodes). A node's position counts, over it and its ancestors k,
-    ``1 +`` the nodes in the subtrees of k's earlier siblings."""
-    anc = (ok[:, None] & (idx[:, None] == idx[None, :])).to(tl.int32)  # [i, k]: k is i or one of its ancestors
-    up = tl.where(ok, par, -1)
-    while tl.max(up, 0) >= 0:
-        anc = tl.where((up[:, None] == idx[None, :]) & (up[:, None] >= 0), 1, anc)
-        up = tl.where(up >= 0, tl.sum(tl.where(idx[None, :] == up[:, None], par[None, :], 0), 1), -1)
-    size = tl.sum(anc, 0)  # nodes in k's subtree
-    earlier = (par[:, None] == par[None, :]) & (idx[None, :] < idx[:, None]) & ok[:, None] & ok[None, :]
-    before = tl.sum(tl.where(earlier, size[None, :], 0), 1)
-    pos = tl.sum(anc * (before + 1)[None, :], 1) - 1
-    return tl.sum(tl.where((pos[:, None] == idx[None, :]) & ok[:, None], idx[:, None], 0), 0)
+def preorder(par, ok, idx, N):
+    """``order[p]``: the node at position ``p`` of the depth-first preorder of the forest ``par`` describes (parents
+    in registers, ``-1`` for a root; children and roots in node order), over the real nodes ``ok``. One node after
+    another: a node's first child comes next, else the next sibling of the node or of its nearest ancestor that has
+    one. Only ``[NP]`` vectors, so the walk keeps its registers."""
+    none = 1 << 30  # no such node
+    order = idx * 0
+    v = N * 0  # node 0 is the first root
+    for p in range(0, N):
+        order = tl.where(idx == p, v, order)
+        child = tl.min(tl.where((par == v) & ok, idx, none), 0)
+        u = v
+        nxt = child
+        while (nxt == none) & (u >= 0):  # no child (left): the next sibling of u, else climb to its parent
+            pu = tl.sum(tl.where(idx == u, par, 0), 0)
+            nxt = tl.min(tl.where((par == pu) & (idx > u) & ok, idx, none), 0)
+            u = tl.where(nxt == none, pu, u)
+        v = nxt
+    return order
 
 
 @triton.jit
@@ -102,7 +107,7 @@ def _walk_tree(lo, hi, N, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok,
     node_ok = idx < N
     parents = tl.where(node_ok, tl.load(par_b + idx * s_pn, mask=node_ok, other=-1).to(tl.int32), -1)
     parents = tl.where(parents < idx, parents, -1)  # a parent comes before its child, as the walk up below needs
-    order = preorder(parents, node_ok, idx)
+    order = preorder(parents, node_ok, idx, N)
     cur = h0  # the state of node cur_node, and sib that of its parent sib_node (-1: nothing held)
     sib = h0
     cur_node = lo * 0 - 1

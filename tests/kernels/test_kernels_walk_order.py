@@ -24,7 +24,7 @@ def _preorder_kernel(par_ptr, out_ptr, N, NP: tl.constexpr):
     idx = tl.arange(0, NP)
     ok = idx < N
     par = tl.load(par_ptr + idx, mask=ok, other=-1).to(tl.int32)
-    tl.store(out_ptr + idx, preorder(par, ok, idx), mask=ok)
+    tl.store(out_ptr + idx, preorder(par, ok, idx, N), mask=ok)
 
 
 def preorder_of(parents: list[int]) -> list[int]:
