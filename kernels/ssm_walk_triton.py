@@ -105,8 +105,8 @@ def _walk_tree(lo, hi, N, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok,
     its path from the deepest state held."""
     idx = tl.arange(0, NP)
     node_ok = idx < N
-    parents = tl.where(node_ok, tl.load(par_b + idx * s_pn, mask=node_ok, other=-1).to(tl.int32), -1)
-    parents = tl.where(parents < idx, parents, -1)  # a parent comes before its child, as the walk up below needs
+    parents = tl.load(par_b + idx * s_pn, mask=node_ok, other=-1).to(tl.int32)
+    parents = tl.where((parents >= 0) & (parents < idx), parents, -1)  # a parent comes before its child
     order = preorder(parents, node_ok, idx, N)
     cur = h0  # the state of node cur_node, and sib that of its parent sib_node (-1: nothing held)
     sib = h0
@@ -121,8 +121,7 @@ def _walk_tree(lo, hi, N, h0, x_b, b_b, c_b, dt_b, par_b, y_b, a_h, dskip, p_ok,
         while v >= 0:
             d += 1
             rev = tl.where(idx == d, v, rev)
-            up = tl.load(par_b + v * s_pn).to(tl.int32)
-            v = tl.where((v > 0) & (up < v), up, -1)
+            v = tl.sum(tl.where(idx == v, parents, 0), 0)  # its parent, from the registers
         on_path = idx <= d
         at_cur = on_path & (rev == cur_node)
         at_sib = on_path & (rev == sib_node)
