@@ -25,7 +25,7 @@ class HostNgramDrafter(NgramDrafter):
         return None
 
 
-register_drafter("host-ngram", lambda **kw: HostNgramDrafter(**kw), replace=True)
+register_drafter("host-ngram", HostNgramDrafter, replace=True)
 
 
 class TinyStack:
