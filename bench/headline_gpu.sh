@@ -27,22 +27,13 @@ e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OU
   CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m stree.cli bench e2e "${data[@]}" --num-prompts 8 \
     --max-new-tokens 128 --out "$out/$name.json" "$@" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' > "$out/$name.txt"
 }
-tests() {  # tests GPU SECONDS FILE...: each file time-limited, a line each in OUT/lanes-TAG.txt
-  local gpu=$1 secs=$2; shift 2
-  for f in "$@"; do
-    local name; name=$(basename "$f" .py)
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
-      "$f" > "$out/$name-$tag.txt" 2>&1
-    echo "$name rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
-  done
-}
 if [ "$phase" = start ]; then
   (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m stree.cli bench numerics --reps 10 \
       --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1
-   tests 0 130 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py) &
+   gpu_test_files 0 130 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py) &
   (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
       --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
-   tests 1 60 tests/gpu/test_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_lookup_gpu.py \
+   gpu_test_files 1 60 tests/gpu/test_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_lookup_gpu.py \
       tests/gpu/test_hf_kernels.py tests/gpu/test_sampled_verify_gpu.py) &
   wait
   echo "===== start summary ($tag)"

@@ -12,23 +12,14 @@ ngpu=$(nvidia-smi -L | wc -l)
 files=(${GPU_TEST_FILES:-tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py tests/gpu/test_gpu.py
        tests/gpu/test_engine_gpu.py tests/gpu/test_lookup_gpu.py tests/gpu/test_training_gpu.py
        tests/gpu/test_hf_kernels.py tests/gpu/test_sampled_verify_gpu.py tests/gpu/test_pdl_gpu.py})
-lane() {  # lane GPU FILE...: the files one after another on one GPU
-  local gpu=$1; shift
-  for f in "$@"; do
-    name=$(basename "$f" .py)
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${PER_FILE_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider \
-      --tb=short -rf --durations=5 "$f" > "$out/$name-$tag.txt" 2>&1
-    echo "$name rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
-  done
-}
 lanes=$(( ngpu > 2 ? ngpu - 1 : 1 ))  # the last GPU (of 3+) runs the toy training beside the tests
 for ((k = 0; k < lanes; k++)); do
   mine=(); for ((i = k; i < ${#files[@]}; i += lanes)); do mine+=("${files[i]}"); done
-  lane "$k" "${mine[@]}" &
+  gpu_test_files "$k" "${PER_FILE_TIMEOUT:-200}" "${mine[@]}" &
 done
 if [ "${TRAIN:-1}" = 1 ]; then
   train_gpus=$(( ngpu > 2 ? ngpu - 1 : 0 ))
-  (STREE_SITE=/tmp/stree-site-train CUDA_VISIBLE_DEVICES=$train_gpus,$(( ngpu > 3 ? ngpu - 2 : train_gpus )) \
+  (CUDA_VISIBLE_DEVICES=$train_gpus,$(( ngpu > 3 ? ngpu - 2 : train_gpus )) \
      GPUS=$(( ngpu > 3 ? 2 : 1 )) TINY=1 \
      timeout 300 bench/scale_pair_gpu.sh "$out/scale-tiny" "$tag") &
 fi
