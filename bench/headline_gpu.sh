@@ -3,11 +3,13 @@
 #
 #   PHASE=start : the scale pair starts training, detached, on GPUs 2 and 3 (bench/scale_pair_gpu.sh, capped at
 #                 MINUTES=4,1.2,0.8); meanwhile GPU 0 runs `stree bench numerics` (2.7B shape, bf16, exact vs fast
-#                 vs mamba_ssm) then the exact GPU tests, and GPU 1 runs `stree bench e2e --dtype bfloat16` on the
-#                 demo pair (the ==greedy record) then the other GPU test files, each time-limited.
+#                 vs mamba_ssm) after the exact GPU tests and bench/exact_probe.py, and GPU 1 runs `stree bench e2e
+#                 --dtype bfloat16` on the demo pair (the ==greedy record) then bench/train_profile.py (eager and
+#                 compiled), each time-limited.
 #   PHASE=finish: waits for the training to end, then runs on the scale pair, one GPU each: the e2e table on
 #                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
-#                 T=1), and the lookup e2e on the copy-heavy sets.
+#                 T=1; then HumanEval again in bf16), the lookup e2e on the copy-heavy sets, then `stree bench batch`
+#                 at batch 1/4/16/64 (record batch-scale-TAG.json).
 # Records land in OUT_DIR (copy them to results/); a short table prints last.
 # Usage (repo root): PHASE=start|finish bench/headline_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
@@ -28,17 +30,22 @@ e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OU
     --max-new-tokens 128 --out "$out/$name.json" "$@" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' > "$out/$name.txt"
 }
 if [ "$phase" = start ]; then
-  (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m stree.cli bench numerics --reps 10 \
-      --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1
-   gpu_test_files 0 130 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py) &
+  (gpu_test_files 0 120 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
+   CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 130 python3 -m stree.cli bench numerics --reps 10 \
+      --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1) &
   (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
       --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
-   gpu_test_files 1 60 tests/gpu/test_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_lookup_gpu.py \
-      tests/gpu/test_hf_kernels.py tests/gpu/test_sampled_verify_gpu.py) &
+   CUDA_VISIBLE_DEVICES=1 timeout 90 python3 bench/train_profile.py > "$out/train-profile-$tag.txt" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 150 python3 bench/train_profile.py --compile --top 12 \
+      > "$out/train-profile-compile-$tag.txt" 2>&1) &
   wait
   echo "===== start summary ($tag)"
   cat "$out/lanes-$tag.txt"
   grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
+  cat "$out/exact-probe-$tag.txt" | grep -E "exact-probe|Error" | cut -c1-200
+  grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
+  tail -n 3 "$out/train-profile-compile-$tag.txt" | cut -c1-300
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   tail -n 40 "$out/e2e-exact-bf16-$tag.txt" | cut -c1-200
   echo "----- scale pair so far"
@@ -56,12 +63,17 @@ scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$p
 secs=${E2E_S:-400}
 k=0
 for set in humaneval in_domain mt_bench; do
-  e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
-    --methods plain,mamba_ssm,chain,static,beam,treeflash,auto &
+  (e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
+     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto
+   [ $k = 0 ] && e2e 0 "${BF16_S:-150}" "e2e-scale-bf16-$set-$tag" "${scale[@]/float32/bfloat16}" \
+     --prompt-sets $set --temperatures 0,1 --methods plain,chain,static,beam,treeflash,auto) &
   k=$((k + 1))
 done
-e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
-  --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto &
+(e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
+   --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto
+ CUDA_VISIBLE_DEVICES=3 timeout "${BATCH_S:-200}" python3 -m stree.cli bench batch --target "$pair/scale-target" \
+   --draft "$pair/scale-draft" --dtype float32 --batch-sizes 1,4,16,64 --temperatures 0,1 --repeats 2 \
+   --data-dir .data --out "$out/batch-scale-$tag.json" > "$out/batch-scale-$tag.txt" 2>&1) &
 wait
 echo "===== finish summary ($tag)"
-for f in "$out"/e2e-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
+for f in "$out"/e2e-*-"$tag".txt "$out/batch-scale-$tag.txt"; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
