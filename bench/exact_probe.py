@@ -134,14 +134,34 @@ def commit_check(model, base, committed, toks) -> str:
     return "ok"
 
 
-def engine_check(target, draft, prompt: list) -> str:
-    plain = stree.generate(target, [prompt], max_new_tokens=48, cuda_graphs=True)[0].token_ids
-    spec = stree.generate(target, [prompt], drafter="mamba", draft_model=draft, tree="chain:4", max_new_tokens=48,
-                          cuda_graphs=True)[0].token_ids
-    for i, (a, b) in enumerate(zip(plain, spec)):
-        if a != b:
-            return f"token {i} differs ({a} plain, {b} chain:4)"
-    return "ok" if len(plain) == len(spec) else f"lengths {len(plain)} vs {len(spec)}"
+def loop_greedy(model, prompt: list, n: int) -> tuple[list, list]:
+    """Plain greedy by the model's own prefill and decode steps (no engine): tokens and each step's top-2 margin."""
+    state = model.new_state(1, len(prompt) + n + 8)
+    model.prefill(torch.tensor([prompt[:-1]], device=model.device), state)
+    tok, out, margins = prompt[-1], [], []
+    for _ in range(n):
+        logits = model.step(torch.tensor([tok], device=model.device), state)[0]
+        top = logits.topk(2).values
+        tok = int(logits.argmax())
+        out.append(tok)
+        margins.append(float(top[0] - top[1]))
+    return out, margins
+
+
+def engine_check(target, draft, prompt: list, n: int = 48) -> str:
+    """The engine's plain and speculative greedy runs (graphed and eager) against ``loop_greedy``: the first
+    differing token of each and the reference's top-2 logit margin there."""
+    want, margins = loop_greedy(target, prompt, n)
+    runs = {"plain": {}, "chain:4": dict(drafter="mamba", draft_model=draft, tree="chain:4"),
+            "beam:4x3": dict(drafter="mamba", draft_model=draft, tree="beam:4x3")}
+    verdicts = []
+    for name, opts in runs.items():
+        for graphs in (True, False):
+            got = stree.generate(target, [prompt], max_new_tokens=n, cuda_graphs=graphs, **opts)[0].token_ids
+            bad = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            if bad is not None:
+                verdicts.append(f"{name}{'' if graphs else ' eager'} token {bad} (margin {margins[bad]:.3g})")
+    return "ok" if not verdicts else "; ".join(verdicts)
 
 
 def main() -> int:

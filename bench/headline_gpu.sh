@@ -10,16 +10,20 @@
 #                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
 #                 T=1; then HumanEval again in bf16), the lookup e2e on the copy-heavy sets, then `stree bench batch`
 #                 at batch 1/4/16/64 (record batch-scale-TAG.json).
+# On the 2-GPU machine the pair trains on GPU 1 alone, GPU 0 runs the tests, the probe and the bf16 e2e, then
+# PHASE=profile runs the training profiles and the numerics on GPU 0, and PHASE=finish the e2e sets on both GPUs.
 # Records land in OUT_DIR (copy them to results/); a short table prints last.
 # Usage (repo root): PHASE=start|finish bench/headline_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
-phase=${PHASE:?PHASE=start or PHASE=finish}
+phase=${PHASE:?PHASE=start, profile (2 GPUs) or finish}
 keep=/tmp/stree-lease  # lives on the machine between the two calls
 mkdir -p "$keep"
 tag_arg=${2:-h100-$(date +%Y%m%d)}
 source bench/gpu_start.sh "$@"  # installs once into /tmp/stree-site; the training below reuses it
+n_gpu=$(nvidia-smi -L | wc -l)
+train_gpus=$([ "$n_gpu" -ge 4 ] && echo 2,3 || echo 1)  # on 2 GPUs: training on GPU 1, every other lane on GPU 0
 if [ "$phase" = start ]; then
-  (CUDA_VISIBLE_DEVICES=2,3 GPUS=2 MINUTES=${MINUTES:-4,1.2,0.8} \
+  (CUDA_VISIBLE_DEVICES=$train_gpus GPUS=$(echo $train_gpus | tr , '\n' | wc -l) MINUTES=${MINUTES:-4,1.2,0.8} \
      setsid nohup bench/scale_pair_gpu.sh "$keep/scale" "$tag_arg" >/dev/null 2>&1 </dev/null &)
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,17 +33,27 @@ e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OU
   CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m stree.cli bench e2e "${data[@]}" --num-prompts 8 \
     --max-new-tokens 128 --out "$out/$name.json" "$@" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' > "$out/$name.txt"
 }
-if [ "$phase" = start ]; then
+profile_lane() {  # profile_lane GPU: the training-step profiles, then the 2.7B-shape numerics
+  CUDA_VISIBLE_DEVICES=$1 timeout 90 python3 bench/train_profile.py > "$out/train-profile-$tag.txt" 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout 150 python3 bench/train_profile.py --compile --top 12 \
+    > "$out/train-profile-compile-$tag.txt" 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout 130 python3 -m stree.cli bench numerics --reps 10 \
+    --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1
+}
+if [ "$phase" = start ] && [ "$n_gpu" -lt 4 ]; then
+  gpu_test_files 0 100 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
+  CUDA_VISIBLE_DEVICES=0 timeout 90 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
+  e2e 0 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
+    --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
+elif [ "$phase" = start ]; then
   (gpu_test_files 0 120 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
-   CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
-   CUDA_VISIBLE_DEVICES=0 timeout 130 python3 -m stree.cli bench numerics --reps 10 \
-      --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1) &
+    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1) &
   (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
       --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
-   CUDA_VISIBLE_DEVICES=1 timeout 90 python3 bench/train_profile.py > "$out/train-profile-$tag.txt" 2>&1
-   CUDA_VISIBLE_DEVICES=1 timeout 150 python3 bench/train_profile.py --compile --top 12 \
-      > "$out/train-profile-compile-$tag.txt" 2>&1) &
+   profile_lane 1) &
   wait
+fi
+if [ "$phase" = start ]; then
   echo "===== start summary ($tag)"
   cat "$out/lanes-$tag.txt"
   grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
@@ -48,6 +62,15 @@ if [ "$phase" = start ]; then
   tail -n 3 "$out/train-profile-compile-$tag.txt" | cut -c1-300
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   tail -n 40 "$out/e2e-exact-bf16-$tag.txt" | cut -c1-200
+  echo "----- scale pair so far"
+  tail -n 6 "$keep/scale/scale-pair.log" | cut -c1-300
+  exit 0
+fi
+if [ "$phase" = profile ]; then  # 2 GPUs: GPU 0 profiles training and times the numerics while the pair trains
+  profile_lane 0
+  grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
+  tail -n 3 "$out/train-profile-compile-$tag.txt" | cut -c1-300
+  tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   echo "----- scale pair so far"
   tail -n 6 "$keep/scale/scale-pair.log" | cut -c1-300
   exit 0
@@ -61,6 +84,20 @@ grep -E "^\[scale-pair\]" "$keep/scale/scale-pair.log" | tail -6 | cut -c1-400
 pair="$keep/scale/pair"
 scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype float32)
 secs=${E2E_S:-400}
+if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then the lookup sets
+  (e2e 0 "$secs" "e2e-scale-humaneval-$tag" "${scale[@]}" --prompt-sets humaneval --temperatures 0,1 \
+     --methods plain,chain,static,beam,treeflash,auto
+   e2e 0 "$secs" "e2e-scale-mt_bench-$tag" "${scale[@]}" --prompt-sets mt_bench --temperatures 0,1 \
+     --methods plain,chain,static,beam,treeflash,auto) &
+  (e2e 1 "$secs" "e2e-scale-in_domain-$tag" "${scale[@]}" --prompt-sets in_domain --temperatures 0,1 \
+     --methods plain,chain,static,beam,treeflash,auto
+   e2e 1 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
+     --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto) &
+  wait
+  echo "===== finish summary ($tag)"
+  for f in "$out"/e2e-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
+  exit 0
+fi
 k=0
 for set in humaneval in_domain mt_bench; do
   (e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
