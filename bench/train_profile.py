@@ -66,11 +66,12 @@ def main() -> int:
     fpt = train_flops_per_token(model, args.seq_len)
     util = mfu(tokens / sec * fpt, device, 1)
     params = sum(p.numel() for p in model.parameters())
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if device.type == "cuda"
-                                                else torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                    + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])) as prof:
         step()
         sync()
-    events = prof.key_averages()
+    # with CPU activity on, the kernels autograd's thread launches (the backward pass) are recorded too
+    events = [e for e in prof.key_averages() if e.self_device_time_total or device.type != "cuda"]
     total = sum((e.self_device_time_total or e.self_cpu_time_total) for e in events) or 1.0
     rows = sorted(events, key=lambda e: (e.self_device_time_total or e.self_cpu_time_total), reverse=True)[: args.top]
     print(f"[train-profile] kernels of one step (GPU time {total / 1000:.1f} ms; wall {sec * 1000:.1f} ms):")
