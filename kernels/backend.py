@@ -6,6 +6,8 @@ same from Python. The references are always importable; Triton is only imported 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from stree.protocols import settings
@@ -31,3 +33,14 @@ def resolve(device: torch.device | str) -> str:
 def capturing() -> bool:
     """True while a CUDA graph is being captured: host-side checks (which sync) must be skipped."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+@contextlib.contextmanager
+def using(name: str | None):
+    """``use(name)`` inside the block, then back to what was forced before it."""
+    before = settings.forced(settings.KERNELS)
+    use(name)
+    try:
+        yield
+    finally:
+        settings.force(settings.KERNELS, before)

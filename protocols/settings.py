@@ -97,6 +97,12 @@ def force(name: str, raw: Optional[str]) -> None:
     _FORCED[name] = raw
 
 
+def forced(name: str) -> Optional[str]:
+    """What ``force`` set for ``name`` (None: nothing, the environment decides)."""
+    setting(name)
+    return _FORCED.get(name)
+
+
 def snapshot() -> dict:
     """Every non-secret setting's current value: what a benchmark record stores beside its command."""
     return {name: value(name) for name, decl in REGISTRY.items() if not decl.secret and name != TEST_SEED}

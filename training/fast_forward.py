@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from stree.kernels import backend
 from stree.kernels.mamba_ssm_import import mamba_ssm_attr
 from stree.verifier.model.lm import Block, StreeLM
 from stree.verifier.model.mamba2_mixer import Mamba2Mixer
@@ -162,12 +163,25 @@ class TrainForward:
         return block._scaled(block.mlp(normed)), res
 
     def _block(self, i: int, block: Block, hidden, residual, emb):
+        if torch.is_grad_enabled():  # also when activation checkpointing recomputes the block in the backward pass
+            with backend.using("torch"):
+                return self._block_ops(i, block, hidden, residual, emb)
+        return self._block_ops(i, block, hidden, residual, emb)
+
+    def _block_ops(self, i: int, block: Block, hidden, residual, emb):
         if i in self.dims:
             return self._mamba_block(block, self.dims[i], hidden, residual)
         return block.run(hidden, residual, block.mixer, emb)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` ids -> ``[B, T, d]`` final-norm hidden states (the LM head's input)."""
+        """``[B, T]`` ids -> ``[B, T, d]`` final-norm hidden states (the LM head's input). With gradients on, the
+        model's own ops run their differentiable PyTorch references (a Triton op would cut the backward pass)."""
+        if not torch.is_grad_enabled():
+            return self._forward(input_ids)
+        with backend.using("torch"):
+            return self._forward(input_ids)
+
+    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         model = self.model
         hidden, residual = model.backbone.embedding(input_ids), None
         if model.config.embedding_multiplier != 1.0:

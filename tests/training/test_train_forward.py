@@ -122,3 +122,20 @@ def test_flops_count_the_matrices_attention_and_ssd(models):
     want = 2 * matmul_params(m) + 2 * ssd + 2 * t * attn.num_heads * attn.head_dim  # two Mamba2 layers
     assert forward_flops_per_token(m, t) == want
     assert train_flops_per_token(m, t) == 3 * want
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_gradients_reach_every_parameter_whatever_kernel_backend_is_forced(recompute):
+    """With the Triton backend forced (the GPU's default), the training forward still runs its model ops' references
+    while gradients are on, in the forward and in a recomputed block, so the backward pass reaches every layer."""
+    from stree.training.model_shape import Shape, make_model
+
+    model = make_model(Shape(32, 3, (1,), 16, 16), 50, 0, "cpu")
+    x = torch.randint(0, 50, (2, 17))
+    backend.use("triton")  # the interpreter runs it on the CPU; a Triton op has no backward
+    fwd = TrainForward(model, recompute=recompute)
+    w, scale = head(model)
+    linear_cross_entropy(fwd(x[:, :-1]), w, x[:, 1:], scale).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+    assert backend.resolve("cpu") == "triton"  # the forced backend is back after the forward
