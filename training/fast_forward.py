@@ -4,16 +4,15 @@ A Mamba2 block whose mixer is a plain ``Mamba2Mixer`` runs as three pieces: ``ma
 in_proj, causal depthwise conv, SiLU), the SSD (``training.ssd.ssd_train``: mamba_ssm's chunked Triton kernels
 where installed) and ``mamba_out`` (D skip, gated RMSNorm, out_proj). The two pieces around the SSD are plain
 functions of tensors, so ``torch.compile`` (``compile=True``) fuses their elementwise work once for every layer of
-one shape; uncompiled on CUDA, the conv and SiLU are causal-conv1d's kernel and the gated RMSNorm is mamba_ssm's
-Triton kernel (forward and backward, keeping only its inputs for the backward pass) where installed. Every other
-block (attention, MLP/MoE layers, the Hugging Face families' composite mixers) runs its module's own forward, which
-is differentiable through the PyTorch references (``stree.kernels.backend``). The LM head is left to the loss
-(``training.losses``), which never materialises every position's logits at once.
+one shape; uncompiled on CUDA, the gated RMSNorm is mamba_ssm's Triton kernel (forward and backward, keeping only its
+inputs for the backward pass) where installed. Every other block (attention, MLP/MoE layers, the Hugging Face
+families' composite mixers) runs its module's own forward, which is differentiable through the PyTorch references
+(``stree.kernels.backend``). The LM head is left to the loss (``training.losses``), which never materialises every
+position's logits at once.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,31 +65,16 @@ def fast_mamba(block: Block) -> bool:
             and getattr(block.mixer, "activation", "silu") in ("silu", "swish"))
 
 
-@functools.lru_cache(maxsize=1)
-def causal_conv1d():
-    """``causal_conv1d_fn`` of the causal-conv1d package (CUDA forward and backward, SiLU fused), or None."""
-    try:
-        from causal_conv1d import causal_conv1d_fn
-    except Exception:  # noqa: BLE001 - not installed, or built for another machine: F.conv1d instead
-        return None
-    return causal_conv1d_fn
-
-
-def mamba_in(hidden, residual, norm_w, in_w, in_b, conv_w, conv_b, dims: MambaDims, conv=None):
-    """Residual add + RMSNorm + in_proj + causal conv + SiLU: ``(new residual, z0, x0, z, x, B, C, dt_raw)``.
-    ``conv``: ``causal_conv1d_fn`` for the conv and SiLU (CUDA tensors), else ``F.conv1d``."""
+def mamba_in(hidden, residual, norm_w, in_w, in_b, conv_w, conv_b, dims: MambaDims):
+    """Residual add + RMSNorm + in_proj + causal conv + SiLU: ``(new residual, z0, x0, z, x, B, C, dt_raw)``."""
     res = hidden.float() if residual is None else hidden.float() + residual.float()
     normed = (F.rms_norm(res, (res.shape[-1],), eps=dims.norm_eps) * norm_w.float()).to(hidden.dtype)
     zxbcdt = F.linear(normed, in_w, in_b)
     z0, x0, z, xBC, dt_raw = torch.split(
         zxbcdt, [dims.d_mlp, dims.d_mlp, dims.d_ssm, dims.conv_dim, dims.nheads], dim=-1)
     t, width = xBC.shape[1], conv_w.shape[-1]
-    if conv is not None and xBC.is_cuda:  # channel-last [B, C, T] view, as mamba_ssm calls it
-        xbc = conv(xBC.transpose(1, 2), conv_w.reshape(dims.conv_dim, width), conv_b, activation="silu")
-        xbc = xbc.transpose(1, 2)
-    else:
-        xbc = F.conv1d(xBC.transpose(1, 2), conv_w, conv_b, padding=width - 1, groups=dims.conv_dim)[..., :t]
-        xbc = F.silu(xbc).transpose(1, 2)
+    xbc = F.conv1d(xBC.transpose(1, 2), conv_w, conv_b, padding=width - 1, groups=dims.conv_dim)[..., :t]
+    xbc = F.silu(xbc).transpose(1, 2)
     gs = dims.ngroups * dims.d_state
     x, Bm, Cm = torch.split(xbc, [dims.d_ssm, gs, gs], dim=-1)
     b = x.shape[0]
@@ -132,19 +116,16 @@ class TrainForward:
         self.model, self.recompute, self.use_kernel = model, recompute, use_kernel
         self.pre, self.post = mamba_in, mamba_out
         self.gated_norm = None  # mamba_ssm's gated RMSNorm kernel (eager CUDA runs only)
-        self.conv = None  # causal-conv1d's kernel (eager CUDA runs only)
         if compile:
             self.pre, self.post = torch.compile(mamba_in, dynamic=False), torch.compile(mamba_out, dynamic=False)
         elif use_kernel:
             self.gated_norm = mamba_ssm_attr("ops.triton.layernorm_gated", "rmsnorm_fn")
-            self.conv = causal_conv1d()
         self.dims = {i: MambaDims.of(b) for i, b in enumerate(model.backbone.layers) if fast_mamba(b)}
 
     def _mamba_block(self, block: Block, dims: MambaDims, hidden, residual):
         m = block.mixer
         res, z0, x0, z, x, Bm, Cm, dt_raw = self.pre(hidden, residual, block.norm.weight, m.in_proj.weight,
-                                                     m.in_proj.bias, m.conv1d.weight, m.conv1d.bias, dims,
-                                                     conv=self.conv)
+                                                     m.in_proj.bias, m.conv1d.weight, m.conv1d.bias, dims)
         D = m.D if not m.D_has_hdim else torch.zeros(m.nheads, device=x.device)
         A = -torch.exp(m.A_log.float())
         y = ssd_train(x, dt_raw, A, Bm, Cm, D, m.dt_bias, m.dt_limit, self.use_kernel)
