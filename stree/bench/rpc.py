@@ -18,6 +18,7 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -34,14 +35,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_service(port: int, timeout_s: float = 180.0) -> subprocess.Popen:
-    """``stree drafter-service`` in a child process; returns once its health check says SERVING."""
+def start_service(port: int, timeout_s: float = 180.0, drafter_args: tuple = ("--drafters", "ngram", "--replicas", "1"),
+                  env: Optional[dict] = None, log: Optional[str] = None) -> subprocess.Popen:
+    """``stree drafter-service`` in a child process (its own local Ray; ``env`` e.g. names its GPU); returns once
+    its health check says SERVING. ``log``: a file for its output (default: discarded)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     cmd = [sys.executable, "-m", "stree.cli", "drafter-service", "--port", str(port), "--bind", "127.0.0.1",
-           "--ray-address", "local", "--drafters", "ngram", "--replicas", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+           "--ray-address", "local", *drafter_args]
+    sink = open(log, "ab") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+                            start_new_session=True, env=env)
     end = time.monotonic() + timeout_s
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
