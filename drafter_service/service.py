@@ -242,11 +242,17 @@ class StreamSession:
         self.pending.extend(msg.tokens)
 
     def _start_reopen(self) -> None:
+        """Re-open the session from its context on a live replica, in the background; one re-open at a time (two
+        would each leave the replica the other just took)."""
+        if self.reopen is not None and not self.reopen.done():
+            return
+
         async def reopen():
             while True:
                 status, detail = await self._place(attempts=3)
-                if status == OK:
-                    log.info("session %s re-opened on %s", self.session_id, self.replica.actor_name)
+                replica = self.replica
+                if status == OK and replica is not None:
+                    log.info("session %s re-opened on %s", self.session_id, replica.actor_name)
                     return
                 log.warning("session %s: re-open failed (%s); retrying", self.session_id, detail)
 
@@ -270,6 +276,10 @@ class StreamSession:
                 await self._write_error(rid, Err.UNAVAILABLE, "session is being re-opened on a live replica")
                 return
             self.reopen = None
+        if self.replica is None:  # a re-open ended without a replica (cancelled or failed): start another
+            self._start_reopen()
+            await self._write_error(rid, Err.UNAVAILABLE, "session is being re-opened on a live replica")
+            return
         replica, shipped = self.replica, self.pending
         self.pending = []
         t0 = time.perf_counter()

@@ -33,18 +33,22 @@ from stree.bench.scale_pair import card_name
 
 OVERLAP = "not built: drafting ahead while the target verifies (the distributed issue's item 2)"
 SERVE_APP = """
-import sys, time
+import signal, sys, threading
 from ray import serve
 import ray
 from stree.verifier.service.ray_serve import app_builder
 model, replicas, gpus, port = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
 ray.init(num_cpus=max(4, 2 * replicas), include_dashboard=False, logging_level="WARNING")
 serve.start(http_options={"host": "127.0.0.1", "port": port})
 serve.run(app_builder({"model_dir": model, "num_replicas": replicas, "gpus_per_replica": gpus}), route_prefix="/")
 print("SERVING", flush=True)
-while True:
-    time.sleep(3600)
+stop.wait()
+serve.shutdown()
+ray.shutdown()
 """
+"""A Ray Serve app of the verifier in its own process and its own local Ray; SIGTERM shuts both down."""
 
 
 def gpu_count() -> int:
@@ -138,12 +142,12 @@ def serve_replicas(args, prompts: list, replicas: int, gpus: int, logs: Path) ->
         rows = asyncio.run(bench(url, prompts, [float("inf")], [args.concurrency], args.max_new_tokens, None, None, 0))
         return {"replicas": replicas, **rows[0]}
     finally:
-        os.killpg(proc.pid, 15)
+        proc.terminate()  # the app shuts Serve and its own Ray down (other Ray instances here are left alone)
         try:
-            proc.wait(60)
+            proc.wait(120)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+        log.close()
 
 
 def run(args) -> int:
