@@ -4,12 +4,12 @@
 #   PHASE=start : the scale pair starts training, detached, on GPUs 2 and 3 (bench/scale_pair_gpu.sh, capped at
 #                 MINUTES=4,1.2,0.8); meanwhile GPU 0 runs `stree bench numerics` (2.7B shape, bf16, exact vs fast
 #                 vs mamba_ssm) after the exact GPU tests and bench/exact_probe.py, and GPU 1 runs `stree bench e2e
-#                 --dtype bfloat16` on the demo pair (the ==greedy record) then bench/train_profile.py (eager and
-#                 compiled), each time-limited.
+#                 --dtype bfloat16` on the demo pair (the ==greedy record) then bench/train_profile.py (8 and 16
+#                 rows a micro-batch), each time-limited.
 #   PHASE=finish: waits for the training to end, then runs on the scale pair, one GPU each: the e2e table on
 #                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
-#                 T=1; then HumanEval again in bf16), the lookup e2e on the copy-heavy sets, then `stree bench batch`
-#                 at batch 1/4/16/64 (record batch-scale-TAG.json).
+#                 T=1; DTYPE, default bf16), the lookup e2e on the copy-heavy sets, then `stree bench batch` at batch
+#                 1/4/16/64 (record batch-scale-TAG.json).
 # On the 2-GPU machine the pair trains on GPU 1 alone, GPU 0 runs the tests, the probe and the bf16 e2e, then
 # PHASE=profile runs the training profiles and the numerics on GPU 0, and PHASE=finish the e2e sets on both GPUs.
 # Records land in OUT_DIR (copy them to results/); a short table prints last.
@@ -33,11 +33,13 @@ e2e() {  # e2e GPU SECONDS NAME ARGS...: one e2e run on one GPU, its table in OU
   CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 -m stree.cli bench e2e "${data[@]}" --num-prompts 8 \
     --max-new-tokens 128 --out "$out/$name.json" "$@" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' > "$out/$name.txt"
 }
-profile_lane() {  # profile_lane GPU: the training-step profiles, then the 2.7B-shape numerics
-  CUDA_VISIBLE_DEVICES=$1 timeout 90 python3 bench/train_profile.py > "$out/train-profile-$tag.txt" 2>&1
-  CUDA_VISIBLE_DEVICES=$1 timeout 150 python3 bench/train_profile.py --compile --top 12 \
-    > "$out/train-profile-compile-$tag.txt" 2>&1
-  CUDA_VISIBLE_DEVICES=$1 timeout 130 python3 -m stree.cli bench numerics --reps 10 \
+profile_lane() {  # profile_lane GPU: the training-step profiles (8 and 16 rows a micro-batch)
+  CUDA_VISIBLE_DEVICES=$1 timeout 100 python3 bench/train_profile.py > "$out/train-profile-$tag.txt" 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout 100 python3 bench/train_profile.py --rows 16 --top 12 \
+    > "$out/train-profile-16-$tag.txt" 2>&1
+}
+numerics_lane() {  # numerics_lane GPU: the 2.7B-shape numerics (exact vs fast vs mamba_ssm)
+  CUDA_VISIBLE_DEVICES=$1 timeout "${NUMERICS_S:-200}" python3 -m stree.cli bench numerics --reps 10 \
     --out "$out/numerics-$tag.json" > "$out/numerics-$tag.txt" 2>&1
 }
 if [ "$phase" = start ] && [ "$n_gpu" -lt 4 ]; then
@@ -46,8 +48,9 @@ if [ "$phase" = start ] && [ "$n_gpu" -lt 4 ]; then
   e2e 0 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
     --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
 elif [ "$phase" = start ]; then
-  (gpu_test_files 0 120 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
-    CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1) &
+  (gpu_test_files 0 110 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
+   CUDA_VISIBLE_DEVICES=0 timeout 90 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
+   numerics_lane 0) &
   (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
       --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
    profile_lane 1) &
@@ -59,7 +62,7 @@ if [ "$phase" = start ]; then
   grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
   cat "$out/exact-probe-$tag.txt" | grep -E "exact-probe|Error" | cut -c1-200
   grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
-  tail -n 3 "$out/train-profile-compile-$tag.txt" | cut -c1-300
+  tail -n 2 "$out/train-profile-16-$tag.txt" | cut -c1-300
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   tail -n 40 "$out/e2e-exact-bf16-$tag.txt" | cut -c1-200
   echo "----- scale pair so far"
@@ -68,8 +71,9 @@ if [ "$phase" = start ]; then
 fi
 if [ "$phase" = profile ]; then  # 2 GPUs: GPU 0 profiles training and times the numerics while the pair trains
   profile_lane 0
+  numerics_lane 0
   grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
-  tail -n 3 "$out/train-profile-compile-$tag.txt" | cut -c1-300
+  tail -n 2 "$out/train-profile-16-$tag.txt" | cut -c1-300
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   echo "----- scale pair so far"
   tail -n 6 "$keep/scale/scale-pair.log" | cut -c1-300
@@ -82,7 +86,8 @@ cp "$keep"/scale/pair/*/train*.{png,jsonl,log} "$out/" 2>/dev/null
 echo "scale pair DONE=$(cat "$keep/scale/DONE" 2>/dev/null || echo still-running)"
 grep -E "^\[scale-pair\]" "$keep/scale/scale-pair.log" | tail -6 | cut -c1-400
 pair="$keep/scale/pair"
-scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype float32)
+dtype=${DTYPE:-bfloat16}  # exact in bf16 since the walk and counter fixes (BENCHMARKS section 0)
+scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype "$dtype")
 secs=${E2E_S:-400}
 if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then the lookup sets
   (e2e 0 "$secs" "e2e-scale-humaneval-$tag" "${scale[@]}" --prompt-sets humaneval --temperatures 0,1 \
@@ -100,16 +105,14 @@ if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then th
 fi
 k=0
 for set in humaneval in_domain mt_bench; do
-  (e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
-     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto
-   [ $k = 0 ] && e2e 0 "${BF16_S:-150}" "e2e-scale-bf16-$set-$tag" "${scale[@]/float32/bfloat16}" \
-     --prompt-sets $set --temperatures 0,1 --methods plain,chain,static,beam,treeflash,auto) &
+  e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
+     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto &
   k=$((k + 1))
 done
 (e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
    --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto
  CUDA_VISIBLE_DEVICES=3 timeout "${BATCH_S:-200}" python3 -m stree.cli bench batch --target "$pair/scale-target" \
-   --draft "$pair/scale-draft" --dtype float32 --batch-sizes 1,4,16,64 --temperatures 0,1 --repeats 2 \
+   --draft "$pair/scale-draft" --dtype "$dtype" --batch-sizes 1,4,16,64 --temperatures 0,1 --repeats 2 \
    --data-dir .data --out "$out/batch-scale-$tag.json" > "$out/batch-scale-$tag.txt" 2>&1) &
 wait
 echo "===== finish summary ($tag)"
