@@ -239,16 +239,10 @@ RemoteReplica = ray.remote(DrafterReplica)
 
 LOOPBACK = "127.0.0.1"
 _CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-_GPU_SWITCH = "CUDA_VISIBLE_DEVICES"
 
 
-def init_ray(address: str = "local", num_cpus: int = 2, node_ip: str = LOOPBACK,
-             gpus: Optional[Sequence[int]] = None) -> None:
+def init_ray(address: str = "local", num_cpus: int = 2, node_ip: str = LOOPBACK) -> None:
     """Connect to Ray: ``local`` starts a private instance, ``auto`` joins the running cluster, else an address.
-
-    ``gpus``: which of this machine's GPUs a ``local`` instance may hand its actors (by CUDA index, e.g. ``[1]`` to
-    leave GPU 0 to a verifier); None: what Ray finds (all that ``CUDA_VISIBLE_DEVICES`` shows). Refused (``ValueError``)
-    with another address, or naming a GPU this machine does not have.
 
     A ``local`` instance's processes (GCS, raylet, workers, dashboard agent, runtime-env agent) listen on
     ``node_ip`` only: 127.0.0.1 unless told otherwise. Ray turns a loopback ``_node_ip_address`` into the
@@ -259,33 +253,12 @@ def init_ray(address: str = "local", num_cpus: int = 2, node_ip: str = LOOPBACK,
     ``RAY_AUTH_TOKEN_PATH`` (or ``~/.ray/auth_token``), which ``deploy/local_cluster.sh`` sets up.
     Does nothing when Ray is already initialised in this process.
     """
-    if gpus is not None and address != "local":
-        raise ValueError("gpus picks the GPUs of a local Ray instance; a cluster's GPUs are those its nodes offer")
     if ray.is_initialized():
         return
     if address != "local":
         ray.init(address=address, namespace=NAMESPACE, logging_level="WARNING")
         return
     kwargs = dict(num_cpus=num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level="WARNING")
-    if gpus is None:
-        _init_local(node_ip, kwargs)
-        return
-    kwargs["num_gpus"] = len(check_gpus(gpus))
-    # Ray hands its actors GPUs from those CUDA_VISIBLE_DEVICES shows when its raylet starts (inside ray.init);
-    # indices count among the devices this process sees, as torch's do
-    saved = os.environ.get(_GPU_SWITCH)
-    seen = saved.split(",") if saved else None
-    os.environ[_GPU_SWITCH] = ",".join(seen[g] if seen else str(g) for g in gpus)
-    try:
-        _init_local(node_ip, kwargs)
-    finally:
-        if saved is None:
-            os.environ.pop(_GPU_SWITCH, None)
-        else:
-            os.environ[_GPU_SWITCH] = saved
-
-
-def _init_local(node_ip: str, kwargs: dict) -> None:
     if not is_loopback(node_ip):
         ray.init(_node_ip_address=node_ip, **kwargs)
         return
@@ -301,23 +274,6 @@ def _init_local(node_ip: str, kwargs: dict) -> None:
             os.environ.pop(_CLUSTER_SWITCH, None)
         else:
             os.environ[_CLUSTER_SWITCH] = saved[1]
-
-
-def check_gpus(gpus: Sequence[int]) -> list[int]:
-    """``gpus`` as distinct CUDA indices of this machine; ``ValueError`` naming what is wrong (none at all, one this
-    machine lacks, a repeat)."""
-    import torch
-
-    out = [int(g) for g in gpus]
-    have = torch.cuda.device_count()
-    if not out:
-        raise ValueError("gpus: name at least one GPU")
-    if have == 0:
-        raise ValueError(f"gpus {','.join(map(str, out))}: this machine has no CUDA device (torch sees none)")
-    bad = [g for g in out if not 0 <= g < have]
-    if bad or len(set(out)) != len(out):
-        raise ValueError(f"gpus {','.join(map(str, out))}: this machine has CUDA devices 0..{have - 1}, each named once")
-    return out
 
 
 def cluster_has_gpu() -> bool:

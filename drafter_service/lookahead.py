@@ -10,7 +10,8 @@ are taken deepest first, in node order among equals (a beam tree lists its best 
 When the commit comes and equals a hypothesis, that hypothesis's fork becomes the session: it committed exactly
 those tokens from exactly the session's state (in parts, which a session commits to the same state as at once), so
 the session is where it would be without drafting ahead, and the tree it drafted is the one the session would draft
-now. Any other commit closes every fork. A tree drafted ahead is only ever a proposal the verifier checks.
+now (a sampled draft: a draw from the same law, made with the fork's own copy of the random generator). Any other
+commit closes every fork. A tree drafted ahead is only ever a proposal the verifier checks.
 """
 
 from __future__ import annotations

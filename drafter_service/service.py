@@ -323,7 +323,8 @@ class StreamSession:
             _, drafted, seconds, hit = result
             if self.lookahead and self.sent_at and shipped:
                 rank = ahead.index(tuple(shipped)) if hit and tuple(shipped) in ahead else None
-                self.control.observed(self._arrived_at - self.sent_at, len(ahead), rank)
+                # a commit that came before the tree went out (the verifier stepped without it) had no window
+                self.control.observed(max(0.0, self._arrived_at - self.sent_at), len(ahead), rank)
             if not hit:
                 self.control.drafted_fresh(time.perf_counter() - t0)
             if not (msg.predrafted and hit):  # else the verifier holds this very tree already

@@ -18,6 +18,7 @@ miss) the Draft is answered as without overlap. A tree drafted ahead that arrive
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -45,6 +46,8 @@ TLS_CA_ENV = "STREE_TLS_CA"  # a CA file to trust for grpcs:// drafters when non
 # How long ``open`` waits for the service to accept a session: a stalled service must cost a request
 # a fraction of a second, not seconds (drafting starts later, once the Opened answer arrives).
 DEFAULT_OPEN_TIMEOUT_S = 0.2
+MAX_OVERLAP = 64
+"""Most trees a verifier may ask the service to draft ahead per step (the service grants at most its own limit)."""
 REMOTE_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -100,8 +103,8 @@ class RemoteDrafter(HostDrafter):
             raise ValueError("RemoteDrafter needs a drafter name (grpc://HOST:PORT/NAME or drafter=)")
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        if int(overlap) < 0:
-            raise ValueError(f"overlap must be >= 0 hypotheses, got {overlap}")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
+            raise ValueError(f"overlap must be a whole number of hypotheses from 0 to {MAX_OVERLAP}, got {overlap!r}")
         if tls and not ca_file:
             ca_file = os.environ.get(TLS_CA_ENV) or None
         if open_timeout_s is None:
@@ -118,7 +121,10 @@ class RemoteDrafter(HostDrafter):
         self.open_timeout_s = open_timeout_s
         self.budget = budget
         self.pipeline = pipeline
-        self.overlap = int(overlap)
+        self.overlap = overlap
+        # the stats of every closed session opened through this drafter (and its ``with_drafter`` copies), summed
+        self.totals: collections.Counter = collections.Counter()
+        self._totals_lock = threading.Lock()
         self.loop = loop or shared_loop()
         self.channel: grpc.aio.Channel = self.loop.run(self._make_channel(), timeout=10)
         self.stub = drafter_pb2_grpc.DrafterServiceStub(self.channel)
@@ -472,6 +478,8 @@ class RemoteDrafterSession:
         if self._closed:
             return
         self._closed = True
+        with self.remote._totals_lock:
+            self.remote.totals.update(self.stats)
         with self._lock:
             for _, _, fut in self._requests.values():
                 fut.cancel()
