@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import stree  # noqa: E402
-from service_helpers import drafter_service, wait_until  # noqa: E402
+from service_helpers import drafter_service, stream_through_fault, wait_until  # noqa: E402
 from stree.drafter_service.drafters.mamba.drafter import make_chain_drafter  # noqa: E402
 from stree.proto.rpc import shared_loop  # noqa: E402
 from stree.protocols import DraftBudget, SamplingParams  # noqa: E402
@@ -91,15 +91,20 @@ def test_commit_of_a_hypothesis_takes_the_tree_drafted_ahead(stack):
     assert remote.totals["overlap_hits"] == 1 and remote.totals["drafts"] == 3
 
 
-def test_greedy_with_overlap_equals_plain_and_hypotheses_come_true(stack):
-    remote = RemoteDrafter(f"{stack.url}/chain", deadline_s=5.0, overlap=4)
+def _generate_with_overlap(stack, name):
+    """Greedy outputs of PROMPTS through ``name`` drafting 4 ahead, and the stats of its sessions summed."""
+    remote = RemoteDrafter(f"{stack.url}/{name}", deadline_s=5.0, overlap=4)
     try:
         outs = [generate(stack.model, p, drafter=remote, max_new_tokens=N_NEW, budget=BUDGET) for p in PROMPTS]
     finally:
         remote.close()
+    return outs, remote.totals
+
+
+def test_greedy_with_overlap_equals_plain_and_hypotheses_come_true(stack):
+    outs, totals = _generate_with_overlap(stack, "chain")
     assert [o.token_ids for o in outs] == stack.plain
     assert sum(o.stats["num_accepted_draft_tokens"] for o in outs) > N_NEW * len(PROMPTS) // 2
-    totals = remote.totals
     assert totals["ahead_trees"] > 0 and totals["overlap_commits"] > 0
     # a tree drafted ahead always goes out before the answer to the Draft sent with its commit, so each true
     # hypothesis is taken, at the commit (a hit) or, when its tree came just after the commit, then (a late hit)
@@ -107,13 +112,8 @@ def test_greedy_with_overlap_equals_plain_and_hypotheses_come_true(stack):
 
 
 def test_hypotheses_that_miss_leave_greedy_output_unchanged(stack):
-    remote = RemoteDrafter(f"{stack.url}/mamba", deadline_s=5.0, overlap=4)
-    try:
-        outs = [generate(stack.model, p, drafter=remote, max_new_tokens=N_NEW, budget=BUDGET) for p in PROMPTS]
-    finally:
-        remote.close()
+    outs, totals = _generate_with_overlap(stack, "mamba")
     assert [o.token_ids for o in outs] == stack.plain
-    totals = remote.totals
     assert totals["ahead_trees"] > 0 and totals["overlap_commits"] > totals["overlap_hits"]
 
 
@@ -154,25 +154,17 @@ def test_replica_killed_mid_generation_with_overlap(stack):
     loop.run(server.start())
     client = stree.Client(server.address, timeout=300)
     pool = stack.drafters.host.pools["chain"]
-    prompt = PROMPTS[0]
-    stream = client.stream(prompt_ids=prompt, max_new_tokens=MAX_SEQ - 64)
-    tokens, killed, fallbacks, recovered = [], None, 0, False
+    killed = []
+
+    def kill():
+        killed.append(next(r for r in pool.replicas if r.sessions))
+        ray.kill(killed[0].handle)  # for good, mid-generation, with the service drafting ahead
+
     try:
-        for chunk in stream:
-            tokens += chunk.token_ids
-            step = chunk.step
-            if killed is None and step.get("accepted", 0) > 0:
-                killed = next(r for r in pool.replicas if r.sessions)
-                ray.kill(killed.handle)
-            elif killed is not None:
-                fallbacks += bool(step.get("fallback"))
-                if fallbacks and step.get("accepted", 0) > 0:
-                    recovered = True
-                    break
+        tokens, _, recovered = stream_through_fault(client, PROMPTS[0], MAX_SEQ - 64, kill)
     finally:
-        stream.close()
         client.close()
         loop.run(server.stop(0), 30)
     assert recovered, "the session should move to the live replica and draft ahead again"
-    assert tokens == _plain(stack, prompt, len(tokens))
-    assert wait_until(lambda: not killed.replacing)
+    assert tokens == _plain(stack, PROMPTS[0], len(tokens))
+    assert wait_until(lambda: not killed[0].replacing)
