@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The distributed deployment on a 2- or 4-GPU machine (carry .whl-ray/ beside .whl/ and .data/: Ray and what it
 # needs, bench/repack_ray_wheel.py): `stree bench distributed` runs the demo drafter as a Ray actor on the last
-# GPU for the demo target on GPU 0 (greedy equality, ms per step against the in-process drafter), then the
+# GPU for the demo target on GPU 0 (greedy equality, ms per step against the in-process drafter, and drafting 4
+# trees ahead while the target verifies: overlap_vs_sequential), then the
 # OpenAI app on Ray Serve with 1, 2 (and 4) verifier replicas under `stree bench serve`'s load at concurrency 64.
 # Record: OUT/distributed-<card>-<date>.json (copy it to results/). Usage (repo root): bench/distributed_gpu.sh OUT [TAG]
 set -uo pipefail

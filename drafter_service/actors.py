@@ -4,6 +4,10 @@ Each replica call answers with a status instead of raising, so the gRPC service 
 request (INVALID) from a plugin that broke (FAILED) or a session this process no longer has (LOST:
 the actor was restarted). Ray restarts crashed replicas itself; a replica gone for good is
 replaced in the same slot. Either way the service re-opens its sessions from the context it tracks.
+
+Model drafters run on a GPU when their pool asks Ray for one (``PoolConfig.device`` and ``num_gpus``: a whole GPU
+per replica, or a fraction so that replicas share one); the replica then drafts on the GPU Ray assigned it. A session
+opened with ``lookahead`` > 0 drafts ahead between draft calls (``ahead``, ``lookahead.py``) when its session forks.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from typing import Callable, Optional, Sequence
 import ray
 from ray.exceptions import ActorDiedError
 
+from stree.drafter_service.lookahead import Lookahead
 from stree.proto.rpc import is_loopback
-from stree.protocols.drafter import DraftBudget
+from stree.protocols.drafter import DraftBudget, ForkableSession
 from stree.protocols.sampling import SamplingParams
 from stree.protocols.token_tree import TokenTree
 from stree.protocols.registry import filter_options, get_drafter_factory, missing_options
@@ -38,31 +43,64 @@ class ReplicaStatus(str, enum.Enum):
     INVALID = "invalid"  # the request disagrees with the session (e.g. its context length)
     FAILED = "failed"  # the plugin raised or returned something that is not a TokenTree
     LOST = "lost"  # this process has no such session (the actor was restarted)
+    DONE = "done"  # nothing (more) to draft ahead for this session now
 
 
-OK, INVALID, FAILED, LOST = ReplicaStatus.OK, ReplicaStatus.INVALID, ReplicaStatus.FAILED, ReplicaStatus.LOST
+OK, INVALID, FAILED, LOST, DONE = (ReplicaStatus.OK, ReplicaStatus.INVALID, ReplicaStatus.FAILED, ReplicaStatus.LOST,
+                                   ReplicaStatus.DONE)
+DEVICES = ("auto", "cpu", "cuda")
+"""Where a replica's model drafter runs: ``auto`` on the GPU Ray assigned it if any, else the CPU; ``cuda`` requires
+one (the replica refuses to start without it); ``cpu`` never asks for one."""
 
 
-def _device_for_this_process() -> str:
-    import torch
-
+def gpu_ids() -> list[str]:
+    """The GPUs Ray assigned this process (empty outside Ray or without any)."""
     try:
         import ray
 
-        if ray.is_initialized() and ray.get_gpu_ids() and torch.cuda.is_available():
-            return "cuda"
-    except Exception as exc:  # no Ray context (plain process): CPU
+        if ray.is_initialized():
+            return [str(g) for g in ray.get_gpu_ids()]
+    except Exception as exc:  # no Ray context (plain process)
         log.debug("no Ray GPU assignment: %r", exc)
-    return "cpu"
+    return []
+
+
+def device_for_this_process(device: str = "auto") -> str:
+    """``cuda`` or ``cpu`` for a replica asked to run on ``device`` (``DEVICES``); ``ValueError`` when ``cuda`` is
+    asked and no GPU was assigned or none is usable."""
+    import torch
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    usable = bool(gpu_ids()) and torch.cuda.is_available()
+    if device == "cuda" and not usable:
+        raise ValueError(f"device cuda: this replica has no usable GPU (Ray assigned {gpu_ids() or 'none'}, "
+                         f"torch sees {torch.cuda.device_count()} CUDA devices)")
+    return "cuda" if usable else "cpu"
+
+
+@dataclass
+class HostedSession:
+    """A session on a replica: the plugin's session, the context length it holds, and drafting ahead of it."""
+
+    session: object
+    length: int
+    lookahead: int = 0  # hypotheses drafted ahead per tree (0: none)
+    tree: Optional[TokenTree] = None  # the last tree it drafted (what the verifier is verifying)
+    budget: Optional[DraftBudget] = None
+    ahead: Optional[Lookahead] = None
 
 
 class DrafterReplica:
     """Sessions of one drafter, keyed by session id; ``draft`` applies pending commits then drafts."""
 
-    def __init__(self, name: str, factory: Callable, options: Optional[dict] = None, replica_id: str = "0"):
+    def __init__(self, name: str, factory: Callable, options: Optional[dict] = None, replica_id: str = "0",
+                 device: str = "auto"):
         self.name = name
         self.replica_id = replica_id
-        self.device = _device_for_this_process()
+        self.device = device_for_this_process(device)
         opts = dict(options or {})
         draft_model = opts.get("draft_model")
         if isinstance(draft_model, (str, os.PathLike)):
@@ -70,8 +108,7 @@ class DrafterReplica:
 
             opts["draft_model"] = load_draft_model(draft_model, device=self.device)
         self.drafter = factory(**filter_options(factory, opts))
-        # session id -> [session, context length]
-        self.sessions: dict[str, list] = {}
+        self.sessions: dict[str, HostedSession] = {}
 
     def info(self) -> dict:
         """Where this replica runs (also a readiness probe)."""
@@ -81,11 +118,13 @@ class DrafterReplica:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "device": self.device,
+            "gpu_ids": gpu_ids(),
             "sessions": len(self.sessions),
         }
 
-    def open(self, session_id: str, prompt_ids: Sequence[int], sampling: dict) -> tuple:
-        """Start (or restart) session ``session_id`` from ``prompt_ids``."""
+    def open(self, session_id: str, prompt_ids: Sequence[int], sampling: dict, lookahead: int = 0) -> tuple:
+        """Start (or restart) session ``session_id`` from ``prompt_ids``; ``(OK, replica id, lookahead)`` where
+        lookahead is how many hypotheses it drafts ahead (0 when its session cannot fork)."""
         self._drop(session_id)
         try:
             params = SamplingParams(**sampling)
@@ -100,34 +139,82 @@ class DrafterReplica:
         except Exception as exc:  # details to this replica's log; the client gets no tracebacks or paths
             log.warning("drafter %r failed to open a session: %r", self.name, exc)
             return (FAILED, f"drafter {self.name!r} failed to open a session")
-        self.sessions[session_id] = [session, len(prompt_ids)]
-        return (OK, self.replica_id)
+        lookahead = max(0, int(lookahead)) if isinstance(session, ForkableSession) else 0
+        self.sessions[session_id] = HostedSession(session, len(prompt_ids), lookahead)
+        return (OK, self.replica_id, lookahead)
 
     def draft(self, session_id: str, commit_tokens: Sequence[int], context_length: int, budget: tuple) -> tuple:
-        """Commit ``commit_tokens``, then draft for ``context_length``: ``(OK, TokenTree, seconds)`` or ``(status, message)``."""
+        """Commit ``commit_tokens``, then draft for ``context_length``: ``(OK, TokenTree, seconds, hit)`` or
+        ``(status, message)``. ``hit``: the commit was a hypothesis drafted ahead with this budget, whose fork is the
+        session now and whose tree is the answer (drafted before; ``seconds`` is what it took then)."""
         entry = self.sessions.get(session_id)
         if entry is None:
             return (LOST, f"replica {self.replica_id} has no session {session_id}")
-        session, length = entry
-        if length + len(commit_tokens) != context_length:
+        if entry.length + len(commit_tokens) != context_length:
             return (
                 INVALID,
                 f"draft is for context length {context_length} but the session has "
-                f"{length} + {len(commit_tokens)} committed tokens",
+                f"{entry.length} + {len(commit_tokens)} committed tokens",
             )
+        budget = DraftBudget(*budget)
         t0 = time.perf_counter()
         try:
+            hit = self._take_hypothesis(entry, commit_tokens, budget)
+            if hit is not None:
+                entry.length, entry.tree, entry.budget = context_length, hit.tree, budget
+                return (OK, hit.tree, hit.seconds, True)
             if commit_tokens:
-                session.commit(list(commit_tokens))
-            entry[1] = context_length
-            tree = session.draft(DraftBudget(*budget))
+                entry.session.commit(list(commit_tokens))
+            entry.length = context_length
+            tree = entry.session.draft(budget)
             if not isinstance(tree, TokenTree):
                 raise TypeError(f"draft returned {type(tree).__name__}, not a TokenTree")
         except Exception as exc:  # a broken plugin: drop the session, the service re-opens it
             log.warning("drafter %r failed to draft: %r", self.name, exc)
             self._drop(session_id)
             return (FAILED, f"drafter {self.name!r} failed to draft; the session is being re-opened")
-        return (OK, tree, time.perf_counter() - t0)
+        entry.tree, entry.budget = tree, budget
+        return (OK, tree, time.perf_counter() - t0, False)
+
+    def _take_hypothesis(self, entry: HostedSession, commit_tokens: Sequence[int], budget: DraftBudget):
+        """The hypothesis drafted ahead for exactly ``commit_tokens`` under ``budget``, its fork made the session
+        (the old session closed); None otherwise. Every other fork is closed either way."""
+        ahead, entry.ahead = entry.ahead, None
+        if ahead is None:
+            return None
+        hit = ahead.take(commit_tokens) if commit_tokens and budget == entry.budget else None
+        ahead.close()
+        if hit is None:
+            return None
+        old, entry.session = entry.session, hit.session
+        old.close()
+        return hit
+
+    def ahead(self, session_id: str, context_length: int) -> tuple:
+        """Draft the next hypothesis about the last tree of the session at ``context_length``:
+        ``(OK, assumed tokens, TokenTree, seconds)``, ``(DONE, why)`` when there is nothing more to draft ahead, or
+        ``(status, message)``. A plugin that raises here only ends drafting ahead for this tree."""
+        entry = self.sessions.get(session_id)
+        if entry is None:
+            return (LOST, f"replica {self.replica_id} has no session {session_id}")
+        if entry.length != context_length:
+            return (INVALID, f"ahead of context length {context_length} but the session has {entry.length} tokens")
+        if not entry.lookahead or entry.tree is None:
+            return (DONE, "this session does not draft ahead")
+        try:
+            if entry.ahead is None:
+                entry.ahead = Lookahead(entry.session, entry.tree, entry.budget, entry.lookahead)
+            hypothesis = entry.ahead.next()
+        except Exception as exc:  # a plugin that cannot fork or draft from a fork: no drafting ahead this time
+            log.warning("drafter %r failed to draft ahead: %r", self.name, exc)
+            if entry.ahead is not None:
+                entry.ahead.close()
+                entry.ahead = None
+            entry.tree = None
+            return (DONE, f"drafter {self.name!r} failed to draft ahead")
+        if hypothesis is None:
+            return (DONE, "every hypothesis is drafted")
+        return (OK, hypothesis.tokens, hypothesis.tree, hypothesis.seconds)
 
     def close(self, session_id: str) -> None:
         self._drop(session_id)
@@ -139,12 +226,12 @@ class DrafterReplica:
         entry = self.sessions.pop(session_id, None)
         if entry is not None:
             try:
-                entry[0].close()
+                if entry.ahead is not None:
+                    entry.ahead.close()
+                entry.session.close()
             except Exception as exc:  # closing is best effort; the session is gone either way
                 log.warning("closing session %s of drafter %r failed: %r", session_id, self.name, exc)
 
-
-log = logging.getLogger(__name__)
 
 NAMESPACE = "stree"
 RemoteReplica = ray.remote(DrafterReplica)
@@ -226,6 +313,7 @@ class Replica:
     replacing: bool = False
     generation: int = 0
     failed_at: float = float("-inf")  # monotonic time of the last failed call
+    inflight: int = 0  # calls on their way to it (drafting ahead waits while another session's call is)
 
     def suspect(self, window_s: float = 30.0) -> bool:
         """Failed recently (e.g. Ray is restarting it): place sessions elsewhere when possible."""
@@ -237,9 +325,28 @@ class PoolConfig:
     replicas: int = 2
     max_restarts: int = 3
     num_cpus: float = 0.0
-    num_gpus: float = 1.0  # per replica of a model drafter, when the cluster has GPUs
+    num_gpus: float = 1.0  # per replica of a model drafter on a GPU: 1 a GPU each, 0.5 two replicas per GPU
     resources: dict = field(default_factory=dict)  # custom Ray resources per replica (pins them to nodes)
     ready_timeout_s: float = 120.0
+    device: str = "auto"  # where model drafters run (``DEVICES``): auto uses GPUs when the cluster has them
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if not 0 <= self.num_gpus:
+            raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus}")
+        if self.device == "cuda" and self.num_gpus <= 0:
+            raise ValueError("device cuda needs num_gpus > 0 per replica (a whole GPU, or a share of one)")
+
+
+def replica_gpus(config: PoolConfig, uses_model: bool) -> float:
+    """The GPUs (Ray ``num_gpus``) each replica of a pool asks for: ``config.num_gpus`` for a model drafter on a
+    GPU, else 0. ``ValueError`` when ``device`` is cuda and the cluster has no GPU."""
+    if config.device == "cpu" or not uses_model:
+        return 0.0
+    if config.device == "cuda" and not cluster_has_gpu():
+        raise ValueError("device cuda: the Ray cluster has no GPU (start it with GPUs, or use device auto or cpu)")
+    return config.num_gpus if cluster_has_gpu() else 0.0
 
 
 class ReplicaPool:
@@ -252,7 +359,7 @@ class ReplicaPool:
         self.config = config
         self.instance = uuid.uuid4().hex[:8]
         self.replicas: list[Replica] = []
-        self.num_gpus = config.num_gpus if (spec.uses_model and cluster_has_gpu()) else 0.0
+        self.num_gpus = replica_gpus(config, spec.uses_model)
 
     def _new_actor(self, slot: int, generation: int):
         actor_name = f"stree-drafter-{self.spec.name}-{slot}-{self.instance}-{generation}"
@@ -265,7 +372,8 @@ class ReplicaPool:
             num_gpus=self.num_gpus,
             resources=dict(self.config.resources),
             scheduling_strategy="SPREAD",
-        ).remote(self.spec.name, self.spec.factory, self.spec.options, f"{self.spec.name}/{slot}")
+        ).remote(self.spec.name, self.spec.factory, self.spec.options, f"{self.spec.name}/{slot}",
+                 self.config.device if self.spec.uses_model else "cpu")
         return handle, actor_name
 
     async def start(self) -> None:

@@ -3,6 +3,11 @@
 Each stream is one generation session placed on a replica and kept alive across replica failures:
 the service keeps the session's context (prompt + commits) and re-opens it elsewhere when the
 replica dies, while drafts answer UNAVAILABLE so the verifier falls back at once.
+
+A session opened with ``overlap`` drafts ahead (``drafter.proto``): after answering a Draft, while no request waits,
+it asks the replica for trees of the likeliest outcomes of the tree just sent (``lookahead.py``), one at a time as
+``LookaheadControl`` finds them worth it, and streams each with its assumed tokens. A replica failure while drafting
+ahead is handled as one while drafting: the session is re-opened from its context.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from ray.exceptions import RayError
 
-from stree.drafter_service.actors import (FAILED, INVALID, OK, DrafterHost, PoolConfig, PoolLimitReached, Replica,
-                                          ReplicaPool)
+from stree.drafter_service.actors import (FAILED, INVALID, LOST, OK, DrafterHost, PoolConfig, PoolLimitReached,
+                                          Replica, ReplicaPool)
+from stree.drafter_service.lookahead_control import LookaheadControl
 from stree.proto.codec import budget_from_pb, budget_tuple, sampling_from_pb, tree_to_pb
 from stree.proto.rpc import exposure_warnings, peer_host, server_options, set_serving, start_server
 from stree.proto.stree.v1 import drafter_pb2
@@ -39,6 +45,7 @@ class ServiceLimits:
     max_context_tokens: int = 262_144  # prompt + commits of one session
     max_sessions: int = 1024  # open streams, all clients together
     max_sessions_per_client: int = 256  # open streams from one client host
+    max_hypotheses: int = 8  # trees drafted ahead per answered Draft (0: never draft ahead)
 
     @property
     def max_request_bytes(self) -> int:
@@ -77,8 +84,13 @@ class StreamSession:
         self.context: list[int] = []
         self.pending: list[int] = []  # committed here, not yet shipped to the replica
         self.reopen: Optional[asyncio.Task] = None
+        self.lookahead = 0  # hypotheses drafted ahead per answered Draft (what the client asked, within the limit)
+        self.control = LookaheadControl()
+        self.sent_at = 0.0  # when the tree the verifier is verifying went out
+        self.ahead: list[tuple[int, ...]] = []  # the assumed tokens of the trees drafted ahead of it, by rank
         self._queue: collections.deque = collections.deque()
         self._arrived = asyncio.Event()
+        self._arrived_at = 0.0  # when the last Commit arrived
         self._eof = False
 
     # ----- stream plumbing ---------------------------------------------------------------------
@@ -92,6 +104,8 @@ class StreamSession:
                     req = drafter_pb2.DrafterRequest.FromString(raw)
                 except DecodeError:
                     req = _MALFORMED  # answered INVALID_ARGUMENT in order, after the requests before it
+                if req is not _MALFORMED and req.WhichOneof("kind") == "commit":
+                    self._arrived_at = time.perf_counter()
                 self._queue.append(req)
                 self._arrived.set()
         finally:  # end of stream, or the connection broke: the session winds down either way
@@ -166,6 +180,7 @@ class StreamSession:
         self.label = msg.session_id[:64]
         self.sampling = params.to_dict()
         self.context = list(msg.prompt_ids)
+        self.lookahead = min(msg.overlap.max_hypotheses, self.limits.max_hypotheses) if msg.HasField("overlap") else 0
         try:
             self.pool = await self.host.pool(msg.drafter)
         except ValueError as exc:
@@ -184,7 +199,8 @@ class StreamSession:
             raise SessionAborted(grpc.StatusCode.UNAVAILABLE, f"Open: no drafter replica could take the session: {detail}")
         await self.grpc_context.write(
             drafter_pb2.DrafterResponse(
-                opened=drafter_pb2.SessionOpened(session_id=self.session_id, replica=self.replica.actor_name)
+                opened=drafter_pb2.SessionOpened(session_id=self.session_id, replica=self.replica.actor_name,
+                                                 max_hypotheses=self.lookahead)
             )
         )
 
@@ -197,20 +213,29 @@ class StreamSession:
             if self.replica is not None:
                 snapshot = len(self.context)
                 try:
-                    status, detail = await asyncio.wait_for(
-                        self.replica.handle.open.remote(self.session_id, self.context[:snapshot], self.sampling),
-                        self.call_timeout_s,
-                    )
+                    status, detail, *granted = await self._call(
+                        self.replica, self.replica.handle.open.remote(self.session_id, self.context[:snapshot],
+                                                                      self.sampling, self.lookahead))
                 except (RayError, asyncio.TimeoutError) as exc:
                     self.pool.report_failure(self.replica, exc)
                     log.warning("session %s: open on %s failed: %r", self.session_id, self.replica.actor_name, exc)
                     status, detail = FAILED, "the drafter replica did not answer"
+                if status == OK and granted:
+                    self.lookahead = granted[0]  # 0 when the drafter's sessions cannot fork
                 if status in (OK, INVALID):
                     self.pending = self.context[snapshot:]
                     return status, detail
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
         return FAILED, detail
+
+    async def _call(self, replica: Replica, ref):
+        """Await a replica call (``call_timeout_s`` at most), counted in the replica's ``inflight`` meanwhile."""
+        replica.inflight += 1
+        try:
+            return await asyncio.wait_for(ref, self.call_timeout_s)
+        finally:
+            replica.inflight -= 1
 
     def _leave_replica(self) -> None:
         """Release this session's replica and drop the session there (a stalled replica runs the close
@@ -282,12 +307,11 @@ class StreamSession:
             return
         replica, shipped = self.replica, self.pending
         self.pending = []
+        ahead, self.ahead = self.ahead, []
         t0 = time.perf_counter()
         try:
-            result = await asyncio.wait_for(
-                replica.handle.draft.remote(self.session_id, shipped, len(self.context), budget_tuple(budget)),
-                self.call_timeout_s,
-            )
+            result = await self._call(
+                replica, replica.handle.draft.remote(self.session_id, shipped, len(self.context), budget_tuple(budget)))
         except (RayError, asyncio.TimeoutError) as exc:
             self.pool.report_failure(replica, exc)
             log.warning("session %s: draft on %s failed: %r", self.session_id, replica.actor_name, exc)
@@ -296,13 +320,22 @@ class StreamSession:
             return
         status = result[0]
         if status == OK:
-            _, drafted, seconds = result
-            try:
-                tree = tree_to_pb(drafted, rid, len(self.context), seconds)
-            except ValueError as exc:
-                await self._write_error(rid, Err.DRAFTER_FAILED, str(exc))
-                return
-            await self.grpc_context.write(drafter_pb2.DrafterResponse(tree=tree))
+            _, drafted, seconds, hit = result
+            if self.lookahead and self.sent_at and shipped:
+                rank = ahead.index(tuple(shipped)) if hit and tuple(shipped) in ahead else None
+                # a commit that came before the tree went out (the verifier stepped without it) had no window
+                self.control.observed(max(0.0, self._arrived_at - self.sent_at), len(ahead), rank)
+            if not hit:
+                self.control.drafted_fresh(time.perf_counter() - t0)
+            if not (msg.predrafted and hit):  # else the verifier holds this very tree already
+                try:
+                    tree = tree_to_pb(drafted, rid, len(self.context), seconds)
+                except ValueError as exc:
+                    await self._write_error(rid, Err.DRAFTER_FAILED, str(exc))
+                    return
+                await self.grpc_context.write(drafter_pb2.DrafterResponse(tree=tree))
+            self.sent_at = time.perf_counter()
+            await self._draft_ahead()
             return
         # LOST: the replica restarted; FAILED: the plugin raised (session dropped); INVALID: the
         # replica's context length disagrees with ours. Each way, re-open from the tracked context.
@@ -310,6 +343,36 @@ class StreamSession:
         code = Err.DRAFTER_FAILED if status == FAILED else Err.UNAVAILABLE
         log.debug("draft %s of session %s: %s after %.1f ms", rid, self.session_id, result[1], 1e3 * (time.perf_counter() - t0))
         await self._write_error(rid, code, result[1])
+
+    async def _draft_ahead(self) -> None:
+        """Stream trees for the likeliest outcomes of the tree just sent, while no request waits and the replica
+        serves no other session's call, as long as ``LookaheadControl`` finds the next one worth drafting."""
+        replica, length = self.replica, len(self.context)
+        for rank in range(self.lookahead):
+            if self._queue or self._eof or replica.inflight or not self.control.worth(rank, time.perf_counter()
+                                                                                      - self.sent_at):
+                return
+            t0 = time.perf_counter()
+            try:
+                result = await self._call(replica, replica.handle.ahead.remote(self.session_id, length))
+            except (RayError, asyncio.TimeoutError) as exc:
+                self.pool.report_failure(replica, exc)
+                log.warning("session %s: drafting ahead on %s failed: %r", self.session_id, replica.actor_name, exc)
+                self._start_reopen()
+                return
+            if result[0] != OK:
+                if result[0] in (LOST, FAILED):
+                    self._start_reopen()
+                return
+            _, tokens, drafted, seconds = result
+            self.control.drafted(rank, time.perf_counter() - t0)
+            try:
+                tree = tree_to_pb(drafted, 0, length + len(tokens), seconds, tokens)
+            except ValueError as exc:
+                log.warning("session %s: a tree drafted ahead does not fit the wire: %s", self.session_id, exc)
+                return
+            self.ahead.append(tuple(tokens))
+            await self.grpc_context.write(drafter_pb2.DrafterResponse(tree=tree))
 
     def _close(self) -> None:
         if self.reopen is not None:

@@ -7,7 +7,7 @@ Anything malformed coming off the wire raises ``ValueError`` saying what is wron
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -63,8 +63,9 @@ def budget_tuple(budget: DraftBudget) -> tuple[int, int, int]:
 
 # ----- trees -----------------------------------------------------------------------------------
 def tree_to_pb(tree: TokenTree, request_id: int = 0, context_length: int = 0,
-               seconds: float = 0.0) -> drafter_pb2.DraftTree:
-    """A ``TokenTree`` as the wire's ``DraftTree`` (probabilities as little-endian float32 bytes)."""
+               seconds: float = 0.0, assumed_tokens: Sequence[int] = ()) -> drafter_pb2.DraftTree:
+    """A ``TokenTree`` as the wire's ``DraftTree`` (probabilities as little-endian float32 bytes); ``assumed_tokens``
+    marks a tree drafted ahead for a hypothetical commit (``drafter.proto``)."""
     tokens = tree.tokens.tolist()
     if tokens and max(tokens) >= 2**32:
         raise ValueError(f"drafted token id {max(tokens)} does not fit the wire format (uint32)")
@@ -83,6 +84,7 @@ def tree_to_pb(tree: TokenTree, request_id: int = 0, context_length: int = 0,
         vocab_size=vocab,
         mode=_MODE_TO_PB[tree.mode],
         draft_seconds=seconds,
+        assumed_tokens=[int(t) for t in assumed_tokens],
     )
 
 

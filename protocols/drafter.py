@@ -71,6 +71,18 @@ class DrafterSession(Protocol):
 
 
 @runtime_checkable
+class ForkableSession(DrafterSession, Protocol):
+    """A session that can copy itself. Drafting ahead (``drafter_service/lookahead.py``) commits a hypothetical
+    outcome to a copy and drafts from it while the session itself stays where the verifier is; when the hypothesis
+    comes true the copy takes the session's place, its state being what committing those tokens gives. Sessions
+    without ``fork`` are served as before, without drafting ahead."""
+
+    def fork(self) -> "ForkableSession":
+        """An independent copy: committing to or drafting from either leaves the other as it was."""
+        ...
+
+
+@runtime_checkable
 class Drafter(Protocol):
     """A drafter plugin: a named factory of sessions, and optionally of device drafts."""
 

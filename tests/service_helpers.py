@@ -67,6 +67,29 @@ def wait_until(cond, timeout: float = 60.0) -> bool:
     return cond()
 
 
+def stream_through_fault(client, prompt_ids, max_new_tokens: int, inject, drafter=None):
+    """Stream a long generation through ``client``; ``inject()`` after the first accepted draft; stop once drafts
+    are accepted again after a fallback. Returns (tokens, fallbacks seen, recovered)."""
+    kwargs = {"drafter": drafter} if drafter is not None else {}
+    stream = client.stream(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, **kwargs)
+    tokens, injected, fallbacks, recovered = [], False, 0, False
+    try:
+        for chunk in stream:
+            tokens += chunk.token_ids
+            step = chunk.step
+            if not injected and step.get("accepted", 0) > 0:
+                inject()
+                injected = True
+            elif injected:
+                fallbacks += bool(step.get("fallback"))
+                if fallbacks and step.get("accepted", 0) > 0:
+                    recovered = True
+                    break
+    finally:
+        stream.close()
+    return tokens, fallbacks, recovered
+
+
 @contextlib.contextmanager
 def drafter_service(drafters, replicas: int = 1, options_for=None, test_module: str | None = None,
                     start_timeout: float = 240.0, **server_kwargs):

@@ -80,6 +80,12 @@ class NgramSession(DrafterSession):
         super().commit(tokens)
         self._extend_index()
 
+    def fork(self) -> "NgramSession":
+        """A copy with its own index (its lists grow with its own commits)."""
+        other = super().fork()
+        other._index = {n: {gram: list(ends) for gram, ends in table.items()} for n, table in self._index.items()}
+        return other
+
     def close(self) -> None:
         super().close()
         self._index = {}

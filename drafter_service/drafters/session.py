@@ -2,10 +2,12 @@
 
 The n-gram and retrieval drafters hold their settings (and the retrieval datastore) on the drafter
 and only the per-generation state on the session, which reads the settings back through ``drafter``.
+Such a session forks (``ForkableSession``) by copying its context; the drafter stays shared.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 from stree.protocols import ContextSession, SamplingParams
@@ -17,3 +19,10 @@ class DrafterSession(ContextSession):
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, drafter):
         super().__init__(prompt_ids, params)
         self.drafter = drafter
+
+    def fork(self) -> "DrafterSession":
+        """A copy with its own context list, sharing the drafter; a subclass with more per-generation state copies
+        that too."""
+        other = copy.copy(self)
+        other.context = list(self.context)
+        return other

@@ -4,11 +4,13 @@
    machine's last; the actor asks for ``num_gpus``), the target decodes on GPU 0 in this process. The same
    prompts decode greedily at batch 1 plainly, with the drafter in-process (drafting on the device, the fast
    path) and through the service: output equal token for token, and each path's milliseconds per step
-   (``remote_step_overhead_ms``: remote minus in-process).
+   (``remote_step_overhead_ms``: remote minus in-process). Then the same prompts through the same service with
+   drafting ahead (``RemoteDrafter(..., overlap=--draft-ahead)``): the service drafts trees for the likeliest
+   outcomes of each tree while the target verifies it; output equal to plain greedy again, and
+   ``overlap_vs_sequential``: its tokens/s over the remote path's without drafting ahead.
 2. **Verifier replicas.** The OpenAI app on Ray Serve (``verifier.service.ray_serve``) with 1, 2, ... replicas,
    one GPU each, loaded by ``stree bench serve``'s client at ``--concurrency`` (``replica_scaling``: each count's
    output tokens/s over one replica's).
-3. ``overlap_vs_sequential``: drafting ahead while the target verifies is not built, so the record holds null.
 
 Writes ``distributed-<card>-<date>.json`` (to ``--out``) with those three keys and the rows behind them.
 """
@@ -31,7 +33,6 @@ from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.bench.rpc import _free_port, start_service
 from stree.bench.scale_pair import card_name
 
-OVERLAP = "not built: drafting ahead while the target verifies (the distributed issue's item 2)"
 SERVE_APP = """
 import signal, sys, threading
 from ray import serve
@@ -94,13 +95,17 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
                     "--gpus-per-replica", "1" if gpus else "0", "--ray-num-cpus", "4")
     proc = start_service(port, drafter_args=service_args, env=env, log=str(logs / "drafter-service.log"))
     try:
-        remote = RemoteDrafter(f"grpc://127.0.0.1:{port}/mamba", deadline_s=args.deadline_ms / 1e3,
-                               budget=DraftBudget(max_nodes=32, max_depth=8, max_width=4))
+        budget = DraftBudget(max_nodes=32, max_depth=8, max_width=4)
+        url = f"grpc://127.0.0.1:{port}/mamba"
+        remote = RemoteDrafter(url, deadline_s=args.deadline_ms / 1e3, budget=budget)
+        ahead = RemoteDrafter(url, deadline_s=args.deadline_ms / 1e3, budget=budget, overlap=args.draft_ahead)
         plain, p_row = timed_greedy(target, ids, args.max_new_tokens)
         local, l_row = timed_greedy(target, ids, args.max_new_tokens, drafter="mamba", draft_model=draft,
                                     tree=args.tree)
         far, r_row = timed_greedy(target, ids, args.max_new_tokens, drafter=remote)
+        overlapped, o_row = timed_greedy(target, ids, args.max_new_tokens, drafter=ahead)
         remote.close()
+        ahead.close()
     finally:
         proc.terminate()
         try:
@@ -109,11 +114,22 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
             proc.kill()
     rows = [{"path": "plain", **p_row, "equals_plain_greedy": True},
             {"path": "in-process", **l_row, "equals_plain_greedy": local == plain},
-            {"path": "remote", **r_row, "equals_plain_greedy": far == plain}]
+            {"path": "remote", **r_row, "equals_plain_greedy": far == plain},
+            {"path": "remote+ahead", **o_row, "equals_plain_greedy": overlapped == plain,
+             "draft_ahead": args.draft_ahead, **overlap_counts(ahead.totals)}]
     del target, draft
     if gpus:
         torch.cuda.empty_cache()
-    return {"rows": rows, "remote_step_overhead_ms": r_row["ms_per_step"] - l_row["ms_per_step"]}
+    return {"rows": rows, "remote_step_overhead_ms": r_row["ms_per_step"] - l_row["ms_per_step"],
+            "overlap_vs_sequential": (o_row["tokens_per_s"] / r_row["tokens_per_s"] if r_row["tokens_per_s"]
+                                      else None)}
+
+
+def overlap_counts(totals) -> dict:
+    """What drafting ahead did over the timed and warm-up sessions: trees drafted ahead, commits, and how many
+    commits took a tree drafted ahead at once (hits) or as it arrived just after (late hits)."""
+    keys = ("ahead_trees", "overlap_commits", "overlap_hits", "overlap_late_hits")
+    return {k: int(totals.get(k, 0)) for k in keys}
 
 
 def serve_replicas(args, prompts: list, replicas: int, gpus: int, logs: Path) -> dict:
@@ -158,6 +174,10 @@ def run(args) -> int:
     logs.mkdir(exist_ok=True)
     prompts = [text for _, text in load_prompt_set(args.prompt_set, args.num_prompts, args.prompt_file,
                                                    args.data_dir)]
+    from stree.verifier.service.remote_drafter import MAX_OVERLAP
+
+    if not 1 <= args.draft_ahead <= MAX_OVERLAP:
+        raise ValueError(f"--draft-ahead must be from 1 to {MAX_OVERLAP} trees, got {args.draft_ahead}")
     counts = [int(x) for x in args.replicas.split(",")]
     if any(c < 1 for c in counts) or (gpus and max(counts) > gpus):
         raise ValueError(f"--replicas must be counts from 1 to the GPUs here ({gpus or 'any on the CPU'}), "
@@ -172,21 +192,25 @@ def run(args) -> int:
         "device": torch.cuda.get_device_name(0) if gpus else "cpu", "gpus": gpus,
         "command": "stree " + " ".join(sys.argv[1:]), "target": args.target, "draft": args.draft,
         "tree": args.tree, "dtype": args.dtype, "prompt_set": args.prompt_set,
-        "overlap_vs_sequential": None, "overlap": OVERLAP,
+        "overlap_vs_sequential": remote["overlap_vs_sequential"], "draft_ahead": args.draft_ahead,
         "remote_step_overhead_ms": remote["remote_step_overhead_ms"], "replica_scaling": scaling,
         "remote_rows": remote["rows"], "serve_rows": serve_rows,
     }
     name = f"distributed-{card_name(device)}-{date.today().strftime('%Y%m%d')}.json"
     (out / name).write_text(json.dumps(record, indent=2))
-    print(f"{'path':<12}{'ms/step':>9}{'tok/s':>9}{'tau':>6}  ==greedy")
+    print(f"{'path':<14}{'ms/step':>9}{'tok/s':>9}{'tau':>6}  ==greedy")
     for r in remote["rows"]:
-        print(f"{r['path']:<12}{r['ms_per_step']:>9.2f}{r['tokens_per_s']:>9.1f}{r['mean_accepted_length']:>6.2f}"
+        print(f"{r['path']:<14}{r['ms_per_step']:>9.2f}{r['tokens_per_s']:>9.1f}{r['mean_accepted_length']:>6.2f}"
               f"  {r['equals_plain_greedy']}")
     print(f"remote step overhead: {remote['remote_step_overhead_ms']:.2f} ms")
+    ahead_row = remote["rows"][-1]
+    ratio = remote["overlap_vs_sequential"]
+    print(f"overlap_vs_sequential: {'null' if ratio is None else f'{ratio:.3f}'} (drafting {args.draft_ahead} ahead; "
+          f"{ahead_row['overlap_hits']} hits, {ahead_row['overlap_late_hits']} late hits of "
+          f"{ahead_row['overlap_commits']} commits, {ahead_row['ahead_trees']} trees drafted ahead)")
     for r in serve_rows:
         print(f"{r['replicas']} replica(s): {r['output_token_throughput']:.1f} tok/s at concurrency "
               f"{args.concurrency} ({r['completed']} ok, {r['failed']} failed), x{scaling[str(r['replicas'])]:.2f}")
-    print(f"overlap_vs_sequential: null ({OVERLAP})")
     print(f"wrote {out / name}")
     exact = all(r["equals_plain_greedy"] for r in remote["rows"])
     return 0 if exact and all(r["failed"] == 0 for r in serve_rows) else 1
@@ -207,6 +231,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--deadline-ms", type=float, default=1000.0,
                    help="remote drafter: wait this long for a tree (a measurement waits; serving uses 50)")
+    p.add_argument("--draft-ahead", type=int, default=4, metavar="N",
+                   help="trees the remote drafter drafts ahead per step on the overlapped path (1 to 64)")
     p.add_argument("--replicas", default="1,2", help="comma-separated verifier replica counts (one GPU each)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a Serve app may take to start")

@@ -76,6 +76,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cpus-per-replica", type=float, default=0.0, help="Ray CPUs reserved per replica")
     p.add_argument("--gpus-per-replica", type=float, default=1.0,
                    help="GPUs per model-drafter replica when the cluster has GPUs")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where model drafters run: auto (a GPU when the cluster has one, else the CPU), cpu, or cuda "
+                        "(a replica without a GPU refuses to start)")
     p.add_argument("--replica-resources", default="{}", metavar="JSON",
                    help='custom Ray resources each replica needs, e.g. \'{"stree_drafter": 1}\' to keep replicas '
                         "on the nodes that offer it")
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         num_cpus=args.cpus_per_replica,
         num_gpus=args.gpus_per_replica,
+        device=args.device,
     )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")

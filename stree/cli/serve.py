@@ -29,10 +29,16 @@ def build_server(args):
     from stree.proto.rpc import api_key_from_env
     from stree.verifier.model.checkpoint import load_draft_model, load_model
     from stree.verifier.model.treeflash import TreeFlashNet
+    from stree.verifier.service.remote_drafter import MAX_OVERLAP
     from stree.verifier.service.server import EmbeddedDrafters, GenerationServer, RemoteDrafters, ServerLimits
     from stree.verifier.model.generation_settings import load_generation_settings
     from stree.proto.rpc import api_key_from_env
 
+    remote = bool(args.drafter and args.drafter.startswith("grpc://"))
+    if not 0 <= args.draft_ahead <= MAX_OVERLAP:
+        raise ValueError(f"--draft-ahead must be from 0 to {MAX_OVERLAP} trees, got {args.draft_ahead}")
+    if args.draft_ahead and not remote:
+        raise ValueError("--draft-ahead is for a remote drafter (--drafter grpc://HOST:PORT/NAME)")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(args.model_dir, device=device, dtype=DTYPES[args.dtype])
     model.set_mamba_ssm_cache_dtype(args.mamba_ssm_cache_dtype)
@@ -45,10 +51,10 @@ def build_server(args):
     )
     if args.deadline_ms <= 0:
         raise ValueError(f"--deadline-ms must be > 0, got {args.deadline_ms}")
-    if args.drafter and args.drafter.startswith("grpc://"):
+    if remote:
         if args.draft_model:
             raise ValueError("--draft-model is for in-process drafters; give it to `stree drafter-service`")
-        drafters = RemoteDrafters(args.drafter, args.deadline_ms / 1e3, budget)
+        drafters = RemoteDrafters(args.drafter, args.deadline_ms / 1e3, budget, overlap=args.draft_ahead)
     else:
         draft = load_draft_model(args.draft_model, device=device, dtype=DTYPES[args.dtype]) if args.draft_model else None
         default = args.drafter or ("ngram" if draft is None else "treeflash" if isinstance(draft, TreeFlashNet)
@@ -130,6 +136,9 @@ def add_parser(sub) -> None:
                    help="in-process drafter option, e.g. tree=beam:4x3 (repeatable)")
     p.add_argument("--deadline-ms", type=float, default=50.0,
                    help="remote drafter: wait at most this long for a tree, then run the step without one")
+    p.add_argument("--draft-ahead", type=int, default=0, metavar="N",
+                   help="remote drafter: let the service draft up to N trees ahead while a tree is verified, for the "
+                        "likeliest outcomes (0: off; the service grants at most its own limit)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--max-sessions", type=int, default=8, help="engine slots: requests generated together")
     p.add_argument("--max-waiting", type=int, default=64,

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 import stree  # noqa: E402
 from stree.proto.rpc import shared_loop  # noqa: E402
 from stree.drafter_service.drafters.mamba.drafter import make_chain_drafter  # noqa: E402
-from service_helpers import drafter_service, wait_until  # noqa: E402
+from service_helpers import drafter_service, stream_through_fault, wait_until  # noqa: E402
 from stree.drafter_service.service import DrafterServer  # noqa: E402
 from stree.proto.stree.v1 import drafter_pb2, drafter_pb2_grpc  # noqa: E402
 from stree.protocols import DraftBudget, DraftMode, SamplingParams, TokenTree, register_drafter  # noqa: E402
@@ -120,25 +120,7 @@ def _plain(stack, n, prompt=PROMPT):
 
 
 def _stream_through_fault(stack, inject, drafter="chain"):
-    """Stream a long generation; ``inject()`` after the first accepted draft; stop once drafts are
-    accepted again after a fallback. Returns (tokens, fallbacks seen, recovered)."""
-    stream = stack.client.stream(prompt_ids=PROMPT, max_new_tokens=MAX_SEQ - 64, drafter=drafter)
-    tokens, injected, fallbacks, recovered = [], False, 0, False
-    try:
-        for chunk in stream:
-            tokens += chunk.token_ids
-            step = chunk.step
-            if not injected and step.get("accepted", 0) > 0:
-                inject()
-                injected = True
-            elif injected:
-                fallbacks += bool(step.get("fallback"))
-                if fallbacks and step.get("accepted", 0) > 0:
-                    recovered = True
-                    break
-    finally:
-        stream.close()
-    return tokens, fallbacks, recovered
+    return stream_through_fault(stack.client, PROMPT, MAX_SEQ - 64, inject, drafter)
 
 
 def test_replica_killed_for_good_mid_generation(stack):

@@ -46,8 +46,8 @@ class EmbeddedDrafters:
 class RemoteDrafters:
     """Drafters of a DrafterService: ``grpc://HOST:PORT/NAME`` sets the default name."""
 
-    def __init__(self, url: str, deadline_s: float, budget: DraftBudget):
-        self.remote = RemoteDrafter(url, deadline_s=deadline_s, budget=budget)
+    def __init__(self, url: str, deadline_s: float, budget: DraftBudget, overlap: int = 0):
+        self.remote = RemoteDrafter(url, deadline_s=deadline_s, budget=budget, overlap=overlap)
         self.default = self.remote.drafter
 
     def get(self, name: str) -> Optional[Drafter]:
@@ -57,7 +57,8 @@ class RemoteDrafters:
         return self.remote if name == self.remote.drafter else self.remote.with_drafter(name)
 
     def describe(self) -> str:
-        return f"remote {self.remote.name} (deadline {1e3 * self.remote.deadline_s:.0f} ms)"
+        ahead = f", {self.remote.overlap} trees drafted ahead" if self.remote.overlap else ""
+        return f"remote {self.remote.name} (deadline {1e3 * self.remote.deadline_s:.0f} ms{ahead})"
 
     async def aclose(self) -> None:
         await self.remote.aclose()

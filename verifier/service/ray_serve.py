@@ -2,7 +2,8 @@
 
 Ray Serve's proxy spreads requests over the replicas. Drafting stays in each replica (in-process
 drafters) or goes to a DrafterService whose drafters are the Ray actor pools of
-``drafter_service.actors`` (``drafter="grpc://HOST:PORT/NAME"``). ``app_builder`` is the import path
+``drafter_service.actors`` (``drafter="grpc://HOST:PORT/NAME"``; ``draft_ahead=N`` lets that service draft up to N
+trees ahead while each tree is verified, as ``stree serve --draft-ahead``). ``app_builder`` is the import path
 for ``serve run`` and the KubeRay RayService manifest (deploy/kuberay/rayservice.yaml).
 """
 
@@ -31,12 +32,25 @@ def _with_replica_header(app, replica: str):
     return wrapped
 
 
+def check_draft_ahead(drafter: str, draft_ahead) -> int:
+    """``draft_ahead`` when it fits ``drafter``, else ``ValueError`` naming it: a whole number from 0 to
+    ``MAX_OVERLAP``, and above 0 only for a remote drafter."""
+    from stree.verifier.service.remote_drafter import MAX_OVERLAP
+
+    if isinstance(draft_ahead, bool) or not isinstance(draft_ahead, int) or not 0 <= draft_ahead <= MAX_OVERLAP:
+        raise ValueError(f"draft_ahead must be a whole number from 0 to {MAX_OVERLAP}, got {draft_ahead!r}")
+    if draft_ahead and not drafter.startswith("grpc://"):
+        raise ValueError(f"draft_ahead is for a remote drafter (grpc://HOST:PORT/NAME), not {drafter!r}")
+    return draft_ahead
+
+
 @serve.ingress()
 class VerifierReplica:
     """Loads the model and serves the OpenAI-compatible API from this replica's engine."""
 
     def __init__(self, model_dir: str, served_model_name: Optional[str] = None, drafter: str = "none",
-                 draft_model: Optional[str] = None, limits: Optional[dict] = None, device: Optional[str] = None):
+                 draft_model: Optional[str] = None, limits: Optional[dict] = None, device: Optional[str] = None,
+                 draft_ahead: int = 0):
         import torch
 
         from stree.verifier.model.checkpoint import load_model
@@ -48,13 +62,14 @@ class VerifierReplica:
         from stree.verifier.service.metrics import ServerMetrics
         from stree.verifier.service.openai_api import OpenAIApp
 
+        check_draft_ahead(drafter, draft_ahead)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model_dir = ModelFolder(resolve_model_dir(model_dir), model_dir)  # a folder or a Hugging Face Hub id
         model = load_model(model_dir, device=device)
         tokenizer = load_tokenizer(model_dir)
         lim = ServerLimits(**(limits or {}))
         if drafter.startswith("grpc://"):
-            drafters = RemoteDrafters(drafter, 0.05, lim.budget)
+            drafters = RemoteDrafters(drafter, 0.05, lim.budget, overlap=draft_ahead)
         else:
             draft = load_model(draft_model, device=device) if draft_model else None
             drafters = EmbeddedDrafters(drafter, draft_model=draft)
@@ -86,4 +101,10 @@ def app_builder(args: dict):
     replicas = int(args.pop("num_replicas", 1))
     gpus = float(args.pop("gpus_per_replica", 1.0))
     limits = args.pop("limits", None)
+    if "draft_ahead" in args:  # ``serve run ... draft_ahead=4`` passes text
+        try:
+            args["draft_ahead"] = int(args["draft_ahead"])
+        except (TypeError, ValueError):
+            raise ValueError(f"draft_ahead must be a whole number, got {args['draft_ahead']!r}") from None
+        check_draft_ahead(args.get("drafter", "none"), args["draft_ahead"])
     return verifier_deployment(replicas, gpus).bind(model_dir, limits=limits, **args)

@@ -7,11 +7,18 @@ the first Draft right behind Open), so the drafter works while the verifier stre
 prefills; ``draft`` then usually finds its tree already there. Trees drafted from a context the
 verifier has moved past are dropped by their ``context_length``. When the stream dies the
 session re-opens itself from its context (with backoff) and drafting resumes.
+
+Overlap (``overlap`` > 0 hypotheses): the service drafts ahead while this verifier verifies, streaming trees for the
+likeliest outcomes of the tree in flight, each with the tokens it assumes get committed (``drafter.proto``). When a
+commit equals one of them (a hit), that tree is the next ``draft``'s at once, and the Draft sent with the commit says
+``predrafted`` so the service moves its session to that hypothesis without sending the tree again; otherwise (a
+miss) the Draft is answered as without overlap. A tree drafted ahead that arrives after its commit is still taken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -39,6 +46,8 @@ TLS_CA_ENV = "STREE_TLS_CA"  # a CA file to trust for grpcs:// drafters when non
 # How long ``open`` waits for the service to accept a session: a stalled service must cost a request
 # a fraction of a second, not seconds (drafting starts later, once the Opened answer arrives).
 DEFAULT_OPEN_TIMEOUT_S = 0.2
+MAX_OVERLAP = 64
+"""Most trees a verifier may ask the service to draft ahead per step (the service grants at most its own limit)."""
 REMOTE_CHANNEL_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -80,8 +89,10 @@ class RemoteDrafter(HostDrafter):
         cert_file: Optional[str] = None,
         key_file: Optional[str] = None,
         api_key: Optional[str] = None,
+        overlap: int = 0,
     ):
-        """``open_timeout_s``: default the larger of ``DEFAULT_OPEN_TIMEOUT_S`` and ``deadline_s``.
+        """``open_timeout_s``: default the larger of ``DEFAULT_OPEN_TIMEOUT_S`` and ``deadline_s``. ``overlap``: trees the
+        service may draft ahead per step (0: none; a service that does not draft ahead ignores it).
         ``grpcs://`` addresses or ``tls``: TLS, trusting ``ca_file`` (default ``$STREE_TLS_CA``, else the system's CAs), with
         ``cert_file``/``key_file`` for mTLS; ``api_key`` (default ``$STREE_API_KEY``) as a bearer token."""
         if address.startswith(("grpc://", "grpcs://")):
@@ -92,6 +103,8 @@ class RemoteDrafter(HostDrafter):
             raise ValueError("RemoteDrafter needs a drafter name (grpc://HOST:PORT/NAME or drafter=)")
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= MAX_OVERLAP:
+            raise ValueError(f"overlap must be a whole number of hypotheses from 0 to {MAX_OVERLAP}, got {overlap!r}")
         if tls and not ca_file:
             ca_file = os.environ.get(TLS_CA_ENV) or None
         if open_timeout_s is None:
@@ -108,6 +121,10 @@ class RemoteDrafter(HostDrafter):
         self.open_timeout_s = open_timeout_s
         self.budget = budget
         self.pipeline = pipeline
+        self.overlap = overlap
+        # the stats of every closed session opened through this drafter (and its ``with_drafter`` copies), summed
+        self.totals: collections.Counter = collections.Counter()
+        self._totals_lock = threading.Lock()
         self.loop = loop or shared_loop()
         self.channel: grpc.aio.Channel = self.loop.run(self._make_channel(), timeout=10)
         self.stub = drafter_pb2_grpc.DrafterServiceStub(self.channel)
@@ -175,8 +192,12 @@ class RemoteDrafterSession:
         self._retry_at = 0.0
         self._backoff = 0.1
         self._closed = False
+        self.granted = 0  # trees the service drafts ahead per step (SessionOpened.max_hypotheses)
+        self._ahead: dict[tuple[int, tuple[int, ...]], object] = {}  # (context length, assumed tokens) -> DraftTree
+        self._ready = None  # a tree drafted ahead whose hypothesis came true: the next draft's
         self.stats = {"drafts": 0, "trees": 0, "timeouts": 0, "errors": 0, "stale": 0, "reconnects": 0, "prefetched": 0,
-                      "prefetch_hits": 0}
+                      "prefetch_hits": 0, "ahead_trees": 0, "overlap_hits": 0, "overlap_late_hits": 0,
+                      "overlap_commits": 0}
 
     # ----- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -201,12 +222,17 @@ class RemoteDrafterSession:
         self._opened = concurrent.futures.Future()
         self._live = False
         self._broken = None
+        with self._lock:
+            self._ahead.clear()
+            prompt = list(self.context)
         open_msg = drafter_pb2.OpenSession(
             session_id=self.session_id,
-            prompt_ids=self.context,
+            prompt_ids=prompt,
             drafter=self.remote.drafter,
             sampling=sampling_to_pb(self.params),
         )
+        if self.remote.overlap:
+            open_msg.overlap.max_hypotheses = self.remote.overlap
         if self.budget is not None:
             open_msg.budget.CopyFrom(budget_to_pb(self.budget))
         first = [drafter_pb2.DrafterRequest(open=open_msg)]
@@ -246,13 +272,16 @@ class RemoteDrafterSession:
                     self._fail_stream("the drafter service ended the stream", opened)
                     return
                 kind = resp.WhichOneof("kind")
-                if kind == "tree":
+                if kind == "tree" and resp.tree.assumed_tokens:
+                    self._drafted_ahead(resp.tree)
+                elif kind == "tree":
                     self._resolve(resp.tree.request_id, resp.tree, None)
                 elif kind == "error":
                     err = resp.error
                     name = drafter_pb2.DrafterError.Code.Name(err.code)
                     self._resolve(err.request_id, None, DraftUnavailable(f"drafter service: {name}: {err.message}"))
                 elif kind == "opened":
+                    self.granted = resp.opened.max_hypotheses
                     self._live = True
                     self._backoff = 0.1
                     if not opened.done():
@@ -280,6 +309,39 @@ class RemoteDrafterSession:
             if not fut.done():
                 fut.set_exception(DraftUnavailable(why))
 
+    def _drafted_ahead(self, tree) -> None:
+        """A tree drafted ahead: kept for the commit it assumes, or, when that commit has already come, taken now
+        (by the draft waiting for this context, else the next one)."""
+        assumed = tuple(tree.assumed_tokens)
+        self.stats["ahead_trees"] += 1
+        waiting = None
+        with self._lock:
+            length = len(self.context)
+            if tree.context_length > length:
+                self._ahead[(tree.context_length, assumed)] = tree
+                return
+            if tree.context_length < length or tuple(self.context[-len(assumed):]) != assumed or self._ready is not None:
+                self.stats["stale"] += 1
+                return
+            for rid, (want, _, fut) in self._requests.items():
+                if want == length and not fut.done():
+                    waiting = fut
+            if waiting is None:
+                self._ready = tree
+            self.stats["overlap_late_hits"] += 1
+        if waiting is not None:
+            waiting.set_result(tree)
+
+    def _match_ahead(self) -> bool:
+        """(Under the lock, right after a commit) take the tree drafted ahead for the context as it is now."""
+        length = len(self.context)
+        for (want, assumed), tree in self._ahead.items():
+            if want == length and tuple(self.context[-len(assumed):]) == assumed:
+                self._ready = tree
+                break
+        self._ahead.clear()
+        return self._ready is not None
+
     def _resolve(self, rid: int, tree, exc: Optional[Exception]) -> None:
         # The entry stays until a newer request replaces it: a prefetched tree waits there for draft().
         with self._lock:
@@ -296,19 +358,21 @@ class RemoteDrafterSession:
             fut.set_result(tree)
 
     # ----- requests (caller's thread) ---------------------------------------------------------
-    def _draft_request(self, budget: DraftBudget, prefetch: bool = False):
-        """A Draft for the current context, registered as the one request still awaited: (message, future)."""
+    def _draft_request(self, budget: DraftBudget, prefetch: bool = False, predrafted: bool = False):
+        """A Draft for the current context, registered as the one request still awaited (none when ``predrafted``:
+        the verifier holds its tree already): (message, future or None)."""
         rid = next(self._rids)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: Optional[concurrent.futures.Future] = None if predrafted else concurrent.futures.Future()
         with self._lock:
             # Only the newest request can still matter: forget older ones (their trees are stale).
             for old in self._requests.values():
                 old[2].cancel()
-            self._requests = {rid: (len(self.context), budget, fut)}
-        if prefetch:
+            self._requests = {rid: (len(self.context), budget, fut)} if fut is not None else {}
+        if prefetch and not predrafted:
             self.stats["prefetched"] += 1
         req = drafter_pb2.DrafterRequest(
-            draft=drafter_pb2.DraftRequest(request_id=rid, context_length=len(self.context), budget=budget_to_pb(budget))
+            draft=drafter_pb2.DraftRequest(request_id=rid, context_length=len(self.context), budget=budget_to_pb(budget),
+                                           predrafted=predrafted)
         )
         return req, fut
 
@@ -329,12 +393,30 @@ class RemoteDrafterSession:
         fut = self._waiting_for(budget)
         return fut is not None and fut.done() and not fut.cancelled()
 
+    def _take_ready(self, budget: DraftBudget) -> Optional[TokenTree]:
+        """The tree drafted ahead for the current context, if one came true and fits ``budget``."""
+        with self._lock:
+            msg, self._ready = self._ready, None
+            if msg is None or msg.context_length != len(self.context):
+                return None
+        try:
+            tree = tree_from_pb(msg)
+        except ValueError as exc:
+            self.stats["errors"] += 1
+            log.debug("session %s: malformed tree drafted ahead: %s", self.session_id, exc)
+            return None
+        return tree if budget.violation(tree) is None else None
+
     def draft(self, budget: DraftBudget) -> TokenTree:
         """The tree for the current context within ``deadline_s``, else ``DraftUnavailable``."""
         if self._closed:
             raise DraftUnavailable("session is closed")
         self.stats["drafts"] += 1
         self._last_budget = budget
+        ready = self._take_ready(budget)
+        if ready is not None:
+            self.stats["trees"] += 1
+            return ready
         if not self._live and self._broken is None and self._opened is not None:
             try:  # still opening: wait for it within this draft's deadline
                 self._opened.result(self.remote.deadline_s)
@@ -373,11 +455,19 @@ class RemoteDrafterSession:
         tokens = [int(t) for t in tokens]
         if self._closed or not tokens:
             return
-        self.context.extend(tokens)
+        with self._lock:
+            self._ready = None
+            self.context.extend(tokens)
+            hit = self._match_ahead()
+        if self.granted:
+            self.stats["overlap_commits"] += 1
+            self.stats["overlap_hits"] += hit
         if self._out is None or self._broken is not None:
             return  # the reconnect re-opens from the whole context
         reqs = [drafter_pb2.DrafterRequest(commit=drafter_pb2.CommitTokens(tokens=tokens, context_length=len(self.context)))]
-        if self.remote.pipeline and self._last_budget is not None:
+        if hit and self._last_budget is not None:  # the service moves its session to the hypothesis; no tree back
+            reqs.append(self._draft_request(self._last_budget, predrafted=True)[0])
+        elif self.remote.pipeline and self._last_budget is not None:
             reqs.append(self._draft_request(self._last_budget, prefetch=True)[0])
         else:
             with self._lock:
@@ -388,6 +478,8 @@ class RemoteDrafterSession:
         if self._closed:
             return
         self._closed = True
+        with self.remote._totals_lock:
+            self.remote.totals.update(self.stats)
         with self._lock:
             for _, _, fut in self._requests.values():
                 fut.cancel()

@@ -1,7 +1,8 @@
 """The ``mamba`` drafter: a small Mamba2 (or hybrid) draft model growing chain, static, beam or dynamic trees.
 
 The session keeps the draft model's own state in step with the accepted tokens (it has fed every
-context token but the last). Each draft level is one batched ``step`` over the frontier; leaves are
+context token but the last); it forks (``ForkableSession``: a copy of that state, of its context and of its
+random generator) so that the drafter service can draft ahead from hypothetical outcomes. Each draft level is one batched ``step`` over the frontier; leaves are
 never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each
 commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
 draw children without replacement (Gumbel-top-k) from the warped draft distribution and carry it,
@@ -10,6 +11,7 @@ so verification stays lossless. Beam and dynamic trees are deterministic at ever
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Optional, Sequence
 
@@ -24,6 +26,7 @@ from stree.drafter_service.drafters.mamba.beam_search import GraphedBeamSearch, 
 from stree.drafter_service.drafters.mamba.static_tree_search import GraphedStaticTree, draw_uniforms, frontier_sizes, static_tree_search, to_static_tree
 from stree.protocols.tree_shape import TreeShape
 from stree.drafter_service.drafters.mamba.device_draft import DeviceTreeDrafter
+from stree.drafter_service.drafters.mamba.runner_pool import RunnerPool
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class MambaDrafter:
         self.graphed_beams: dict = {}
         self.graphed_static: dict = {}
         self.static_graphs_failed = False
+        self.runners = RunnerPool(draft_model)  # graphed commit runners, shared by sessions and their forks
         self._device = None
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> "MambaDraftSession":
@@ -87,9 +91,7 @@ class MambaDraftSession(ContextSession):
         # committing accepted tokens costs a few microseconds per token instead of an eager prefill
         self.runner = None
         if drafter.cuda_graphs and dev.type == "cuda":
-            from stree.verifier.model.graphed import GraphedLM
-
-            self.runner = GraphedLM(self.model, 1, len(self.context) + drafter.max_seqlen)
+            self.runner = drafter.runners.take(len(self.context) + drafter.max_seqlen)
             self.state = self.runner.state
         else:
             self.state = self.model.new_state(1, len(self.context) + drafter.max_seqlen)
@@ -102,15 +104,32 @@ class MambaDraftSession(ContextSession):
         tokens = [int(t) for t in tokens]
         if not tokens:
             return
+        # one token per step, graphed or not: committing a path in parts (as drafting ahead does) then leaves the
+        # same state, bit for bit, as committing it at once
         feed = [self.context[-1]] + tokens[:-1]
-        if self.runner is not None:
-            for tok in feed:
-                self.runner.step(torch.tensor([tok]), self.state)
-        else:
-            self.model.prefill(torch.tensor([feed], device=self.model.device), self.state)
+        step = self.runner.step if self.runner is not None else self.model.step
+        for tok in feed:
+            step(torch.tensor([tok], device=self.model.device), self.state)
         super().commit(tokens)
 
+    def fork(self) -> "MambaDraftSession":
+        """A copy (``ForkableSession``): its own context, random generator and draft-model state, the state in a
+        runner of the same size on CUDA, so committing to the copy replays the same graph as committing here."""
+        other = copy.copy(self)
+        other.context = list(self.context)
+        other.generator = torch.Generator()
+        other.generator.set_state(self.generator.get_state())
+        if self.runner is not None:
+            other.runner = self.drafter.runners.take(self.runner.max_seqlen)
+            other.state = other.runner.state
+            other.state.copy_from(self.state)
+        else:
+            other.state = self.state.clone()
+        return other
+
     def close(self) -> None:
+        if self.runner is not None:
+            self.drafter.runners.give(self.runner)
         self.state = None
         self.runner = None
         super().close()

@@ -25,35 +25,37 @@ _sym_db = _symbol_database.Default()
 from stree.proto.stree.v1 import common_pb2 as stree_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stree/v1/drafter.proto\x12\x08stree.v1\x1a\x15stree/v1/common.proto\"\xbb\x01\n\x0e\x44rafterRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.stree.v1.OpenSessionH\x00\x12(\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x16.stree.v1.CommitTokensH\x00\x12\'\n\x05\x64raft\x18\x03 \x01(\x0b\x32\x16.stree.v1.DraftRequestH\x00\x12\'\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x16.stree.v1.CloseSessionH\x00\x42\x06\n\x04kind\"\x99\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12%\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x15.stree.v1.DraftBudget\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.stree.v1.SamplingParams\"6\n\x0c\x43ommitTokens\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\"a\n\x0c\x44raftRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\x12%\n\x06\x62udget\x18\x03 \x01(\x0b\x32\x15.stree.v1.DraftBudget\"\x0e\n\x0c\x43loseSession\"\x92\x01\n\x0f\x44rafterResponse\x12)\n\x06opened\x18\x01 \x01(\x0b\x32\x17.stree.v1.SessionOpenedH\x00\x12#\n\x04tree\x18\x02 \x01(\x0b\x32\x13.stree.v1.DraftTreeH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.stree.v1.DrafterErrorH\x00\x42\x06\n\x04kind\"4\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\"\xbb\x01\n\tDraftTree\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x13\n\x0b\x64raft_probs\x18\x05 \x01(\x0c\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12!\n\x04mode\x18\x07 \x01(\x0e\x32\x13.stree.v1.DraftMode\x12\x15\n\rdraft_seconds\x18\x08 \x01(\x01\"\xb7\x01\n\x0c\x44rafterError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12)\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1b.stree.v1.DrafterError.Code\x12\x0f\n\x07message\x18\x03 \x01(\t\"W\n\x04\x43ode\x12\x14\n\x10\x43ODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x0f\n\x0bUNAVAILABLE\x10\x02\x12\x12\n\x0e\x44RAFTER_FAILED\x10\x03*a\n\tDraftMode\x12\x1c\n\x18\x44RAFT_MODE_DETERMINISTIC\x10\x00\x12\x12\n\x0e\x44RAFT_MODE_IID\x10\x01\x12\"\n\x1e\x44RAFT_MODE_WITHOUT_REPLACEMENT\x10\x02\x32T\n\x0e\x44rafterService\x12\x42\n\x07Session\x12\x18.stree.v1.DrafterRequest\x1a\x19.stree.v1.DrafterResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stree/v1/drafter.proto\x12\x08stree.v1\x1a\x15stree/v1/common.proto\"\xbb\x01\n\x0e\x44rafterRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.stree.v1.OpenSessionH\x00\x12(\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x16.stree.v1.CommitTokensH\x00\x12\'\n\x05\x64raft\x18\x03 \x01(\x0b\x32\x16.stree.v1.DraftRequestH\x00\x12\'\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x16.stree.v1.CloseSessionH\x00\x42\x06\n\x04kind\"\xc4\x01\n\x0bOpenSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12%\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x15.stree.v1.DraftBudget\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.stree.v1.SamplingParams\x12)\n\x07overlap\x18\x06 \x01(\x0b\x32\x18.stree.v1.OverlapOptions\"(\n\x0eOverlapOptions\x12\x16\n\x0emax_hypotheses\x18\x01 \x01(\r\"6\n\x0c\x43ommitTokens\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\"u\n\x0c\x44raftRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\x12%\n\x06\x62udget\x18\x03 \x01(\x0b\x32\x15.stree.v1.DraftBudget\x12\x12\n\npredrafted\x18\x04 \x01(\x08\"\x0e\n\x0c\x43loseSession\"\x92\x01\n\x0f\x44rafterResponse\x12)\n\x06opened\x18\x01 \x01(\x0b\x32\x17.stree.v1.SessionOpenedH\x00\x12#\n\x04tree\x18\x02 \x01(\x0b\x32\x13.stree.v1.DraftTreeH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.stree.v1.DrafterErrorH\x00\x42\x06\n\x04kind\"L\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x16\n\x0emax_hypotheses\x18\x03 \x01(\r\"\xd3\x01\n\tDraftTree\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x03(\r\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x13\n\x0b\x64raft_probs\x18\x05 \x01(\x0c\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12!\n\x04mode\x18\x07 \x01(\x0e\x32\x13.stree.v1.DraftMode\x12\x15\n\rdraft_seconds\x18\x08 \x01(\x01\x12\x16\n\x0e\x61ssumed_tokens\x18\t \x03(\r\"\xb7\x01\n\x0c\x44rafterError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12)\n\x04\x63ode\x18\x02 \x01(\x0e\x32\x1b.stree.v1.DrafterError.Code\x12\x0f\n\x07message\x18\x03 \x01(\t\"W\n\x04\x43ode\x12\x14\n\x10\x43ODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x0f\n\x0bUNAVAILABLE\x10\x02\x12\x12\n\x0e\x44RAFTER_FAILED\x10\x03*a\n\tDraftMode\x12\x1c\n\x18\x44RAFT_MODE_DETERMINISTIC\x10\x00\x12\x12\n\x0e\x44RAFT_MODE_IID\x10\x01\x12\"\n\x1e\x44RAFT_MODE_WITHOUT_REPLACEMENT\x10\x02\x32T\n\x0e\x44rafterService\x12\x42\n\x07Session\x12\x18.stree.v1.DrafterRequest\x1a\x19.stree.v1.DrafterResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stree.v1.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTMODE']._serialized_start=1155
-  _globals['_DRAFTMODE']._serialized_end=1252
+  _globals['_DRAFTMODE']._serialized_start=1308
+  _globals['_DRAFTMODE']._serialized_end=1405
   _globals['_DRAFTERREQUEST']._serialized_start=60
   _globals['_DRAFTERREQUEST']._serialized_end=247
   _globals['_OPENSESSION']._serialized_start=250
-  _globals['_OPENSESSION']._serialized_end=403
-  _globals['_COMMITTOKENS']._serialized_start=405
-  _globals['_COMMITTOKENS']._serialized_end=459
-  _globals['_DRAFTREQUEST']._serialized_start=461
-  _globals['_DRAFTREQUEST']._serialized_end=558
-  _globals['_CLOSESESSION']._serialized_start=560
-  _globals['_CLOSESESSION']._serialized_end=574
-  _globals['_DRAFTERRESPONSE']._serialized_start=577
-  _globals['_DRAFTERRESPONSE']._serialized_end=723
-  _globals['_SESSIONOPENED']._serialized_start=725
-  _globals['_SESSIONOPENED']._serialized_end=777
-  _globals['_DRAFTTREE']._serialized_start=780
-  _globals['_DRAFTTREE']._serialized_end=967
-  _globals['_DRAFTERERROR']._serialized_start=970
-  _globals['_DRAFTERERROR']._serialized_end=1153
-  _globals['_DRAFTERERROR_CODE']._serialized_start=1066
-  _globals['_DRAFTERERROR_CODE']._serialized_end=1153
-  _globals['_DRAFTERSERVICE']._serialized_start=1254
-  _globals['_DRAFTERSERVICE']._serialized_end=1338
+  _globals['_OPENSESSION']._serialized_end=446
+  _globals['_OVERLAPOPTIONS']._serialized_start=448
+  _globals['_OVERLAPOPTIONS']._serialized_end=488
+  _globals['_COMMITTOKENS']._serialized_start=490
+  _globals['_COMMITTOKENS']._serialized_end=544
+  _globals['_DRAFTREQUEST']._serialized_start=546
+  _globals['_DRAFTREQUEST']._serialized_end=663
+  _globals['_CLOSESESSION']._serialized_start=665
+  _globals['_CLOSESESSION']._serialized_end=679
+  _globals['_DRAFTERRESPONSE']._serialized_start=682
+  _globals['_DRAFTERRESPONSE']._serialized_end=828
+  _globals['_SESSIONOPENED']._serialized_start=830
+  _globals['_SESSIONOPENED']._serialized_end=906
+  _globals['_DRAFTTREE']._serialized_start=909
+  _globals['_DRAFTTREE']._serialized_end=1120
+  _globals['_DRAFTERERROR']._serialized_start=1123
+  _globals['_DRAFTERERROR']._serialized_end=1306
+  _globals['_DRAFTERERROR_CODE']._serialized_start=1219
+  _globals['_DRAFTERERROR_CODE']._serialized_end=1306
+  _globals['_DRAFTERSERVICE']._serialized_start=1407
+  _globals['_DRAFTERSERVICE']._serialized_end=1491
 # @@protoc_insertion_point(module_scope)

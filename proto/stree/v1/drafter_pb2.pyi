@@ -30,18 +30,26 @@ class DrafterRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenSession, _Mapping]] = ..., commit: _Optional[_Union[CommitTokens, _Mapping]] = ..., draft: _Optional[_Union[DraftRequest, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
 
 class OpenSession(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "drafter", "budget", "sampling")
+    __slots__ = ("session_id", "prompt_ids", "drafter", "budget", "sampling", "overlap")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     drafter: str
     budget: _common_pb2.DraftBudget
     sampling: _common_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., drafter: _Optional[str] = ..., budget: _Optional[_Union[_common_pb2.DraftBudget, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    overlap: OverlapOptions
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., drafter: _Optional[str] = ..., budget: _Optional[_Union[_common_pb2.DraftBudget, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., overlap: _Optional[_Union[OverlapOptions, _Mapping]] = ...) -> None: ...
+
+class OverlapOptions(_message.Message):
+    __slots__ = ("max_hypotheses",)
+    MAX_HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
+    max_hypotheses: int
+    def __init__(self, max_hypotheses: _Optional[int] = ...) -> None: ...
 
 class CommitTokens(_message.Message):
     __slots__ = ("tokens", "context_length")
@@ -52,14 +60,16 @@ class CommitTokens(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("request_id", "context_length", "budget")
+    __slots__ = ("request_id", "context_length", "budget", "predrafted")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PREDRAFTED_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     context_length: int
     budget: _common_pb2.DraftBudget
-    def __init__(self, request_id: _Optional[int] = ..., context_length: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.DraftBudget, _Mapping]] = ...) -> None: ...
+    predrafted: bool
+    def __init__(self, request_id: _Optional[int] = ..., context_length: _Optional[int] = ..., budget: _Optional[_Union[_common_pb2.DraftBudget, _Mapping]] = ..., predrafted: bool = ...) -> None: ...
 
 class CloseSession(_message.Message):
     __slots__ = ()
@@ -76,15 +86,17 @@ class DrafterResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., tree: _Optional[_Union[DraftTree, _Mapping]] = ..., error: _Optional[_Union[DrafterError, _Mapping]] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "replica")
+    __slots__ = ("session_id", "replica", "max_hypotheses")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MAX_HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     replica: str
-    def __init__(self, session_id: _Optional[str] = ..., replica: _Optional[str] = ...) -> None: ...
+    max_hypotheses: int
+    def __init__(self, session_id: _Optional[str] = ..., replica: _Optional[str] = ..., max_hypotheses: _Optional[int] = ...) -> None: ...
 
 class DraftTree(_message.Message):
-    __slots__ = ("request_id", "context_length", "tokens", "parents", "draft_probs", "vocab_size", "mode", "draft_seconds")
+    __slots__ = ("request_id", "context_length", "tokens", "parents", "draft_probs", "vocab_size", "mode", "draft_seconds", "assumed_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +105,7 @@ class DraftTree(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ASSUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     context_length: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -101,7 +114,8 @@ class DraftTree(_message.Message):
     vocab_size: int
     mode: DraftMode
     draft_seconds: float
-    def __init__(self, request_id: _Optional[int] = ..., context_length: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., draft_seconds: _Optional[float] = ...) -> None: ...
+    assumed_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[int] = ..., context_length: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., vocab_size: _Optional[int] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., draft_seconds: _Optional[float] = ..., assumed_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DrafterError(_message.Message):
     __slots__ = ("request_id", "code", "message")
