@@ -1,12 +1,12 @@
 """The ``mamba`` drafter: a small Mamba2 (or hybrid) draft model growing chain, static, beam or dynamic trees.
 
-The session keeps the draft model's own state in step with the accepted tokens (it has fed every
-context token but the last); it forks (``ForkableSession``: a copy of that state, of its context and of its
-random generator) so that the drafter service can draft ahead from hypothetical outcomes. Each draft level is one batched ``step`` over the frontier; leaves are
-never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each
-commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees
-draw children without replacement (Gumbel-top-k) from the warped draft distribution and carry it,
-so verification stays lossless. Beam and dynamic trees are deterministic at every temperature.
+The session keeps the draft model's own state in step with the accepted tokens (it has fed every context token
+but the last); it forks (``ForkableSession``: a copy of that state, of its context and of its random generator) so
+that the drafter service can draft ahead from hypothetical outcomes. Each draft level is one batched ``step`` over
+the frontier; leaves are never fed; on CUDA a whole draft (chain, static or beam) replays one graph, and so does each
+commit step. Greedy drafting picks top-k children (point masses); with T > 0, chain and static trees draw children
+without replacement (Gumbel-top-k) from the warped draft distribution and carry it, so verification stays lossless.
+Beam and dynamic trees are deterministic at every temperature.
 """
 
 from __future__ import annotations
