@@ -97,7 +97,7 @@ def encode_prompts(tokenizer, prompts, max_prompt_tokens: int) -> list[tuple[str
 
 def run_method(model, drafter, prompts, temperature: float, args) -> dict:
     """Generate for every prompt; the totals of their stats and the outputs."""
-    totals = dict(tokens=0, steps=0, decode_s=0.0, host_us_p50=0.0, fallbacks=0)
+    totals = dict(tokens=0, steps=0, decode_s=0.0, host_us_p50=0.0, fallbacks=0, accepted_per_depth=[])
     outputs = []
     for i, (_, ids) in enumerate(prompts):
         res = generate(model, ids, drafter=drafter, max_new_tokens=args.max_new_tokens, temperature=temperature,
@@ -108,6 +108,10 @@ def run_method(model, drafter, prompts, temperature: float, args) -> dict:
         totals["decode_s"] += s["elapsed_s"] - s["prefill_s"]
         totals["host_us_p50"] = max(totals["host_us_p50"], s.get("host_us_p50", 0.0))
         totals["fallbacks"] += s["drafter_fallbacks"]
+        depth = totals["accepted_per_depth"]
+        for d, count in enumerate(s["num_accepted_tokens_per_pos"]):
+            depth.extend([0] * (d + 1 - len(depth)))
+            depth[d] += count
         outputs.append(res.token_ids)
         if "goodput" in s:  # auto: what goodput control believed after the last prompt, shape by shape
             totals["goodput"] = s["goodput"]
@@ -223,6 +227,8 @@ def run(args) -> int:
                    mean_accepted_length=res["tokens"] / res["steps"] if res["steps"] else None,
                    host_us_per_step_p50=res.get("host_us_p50"),
                    decode_s=res["decode_s"], drafter_fallbacks=res.get("fallbacks"))
+        if "accepted_per_depth" in res:  # steps whose draft was accepted to depth d + 1: acceptance by depth
+            row["accepted_per_depth"] = res["accepted_per_depth"]
         if "goodput" in res:
             row["goodput"] = res["goodput"]
         if t == 0 and (s, t) in plain_out and m != "mamba_ssm":

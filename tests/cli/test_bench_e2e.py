@@ -61,6 +61,12 @@ def test_e2e_record_has_every_method_and_exact_greedy(tmp_path, jsonl_files):
         assert r["speedup_vs_plain"] > 0
         if r["temperature"] == 0.0:
             assert r["output_equals_plain_greedy"] is True, r
+        # acceptance by depth covers the accepted draft tokens (a last step's tokens past the limit count too),
+        # never grows with depth and never exceeds the steps
+        depth = r["accepted_per_depth"]
+        assert sum(depth) >= r["tokens"] - r["steps"] and depth == sorted(depth, reverse=True), r
+        assert all(count <= r["steps"] for count in depth), r
+        assert r["method"] != "plain" or depth == []
     assert out.with_suffix(".png").stat().st_size > 0
 
 
