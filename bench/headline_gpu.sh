@@ -89,6 +89,13 @@ pair="$keep/scale/pair"
 dtype=${DTYPE:-bfloat16}  # exact in bf16 since the walk and counter fixes (BENCHMARKS section 0)
 scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype "$dtype")
 secs=${E2E_S:-400}
+merge_sets() {  # the per-set records as one: OUT/e2e-scale-TAG.json (the trees issue's record name)
+  local sets=()
+  for set in humaneval in_domain mt_bench; do
+    [ -f "$out/e2e-scale-$set-$tag.json" ] && sets+=("$out/e2e-scale-$set-$tag.json")
+  done
+  [ ${#sets[@]} -gt 0 ] && python3 -m stree.cli bench merge "$out/e2e-scale-$tag.json" "${sets[@]}"
+}
 if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then the lookup sets
   (e2e 0 "$secs" "e2e-scale-humaneval-$tag" "${scale[@]}" --prompt-sets humaneval --temperatures 0,1 \
      --methods plain,chain,static,beam,treeflash,auto
@@ -99,6 +106,7 @@ if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then th
    e2e 1 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
      --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto) &
   wait
+  merge_sets
   echo "===== finish summary ($tag)"
   for f in "$out"/e2e-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
   exit 0
@@ -115,5 +123,6 @@ done
    --draft "$pair/scale-draft" --dtype "$dtype" --batch-sizes 1,4,16,64 --temperatures 0,1 --repeats 2 \
    --data-dir .data --out "$out/batch-scale-$tag.json" > "$out/batch-scale-$tag.txt" 2>&1) &
 wait
+merge_sets
 echo "===== finish summary ($tag)"
 for f in "$out"/e2e-*-"$tag".txt "$out/batch-scale-$tag.txt"; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done

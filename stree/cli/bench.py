@@ -22,13 +22,14 @@ BENCH_MODULES = [
     "stree.bench.scale_pair",
     "stree.bench.numerics",
     "stree.bench.distributed",
+    "stree.bench.merge",
 ]
 
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (kernels, drafters, e2e, oracle, batch, step-profile, "
                                                 "rpc, serve, admission, isolation, scale-pair, numerics, "
-                                                "distributed)")
+                                                "distributed, merge)")
     sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     sub.required = True
     for name in BENCH_MODULES:
