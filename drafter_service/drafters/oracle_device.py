@@ -4,8 +4,10 @@ For benchmarks at real scale with random weights (no trained drafter exists), at
 each slot holds the known continuation of its prompt as a device row and a position; a draft lays
 out a chain or static tree whose first node at depths 1..k carries the next continuation tokens and
 every other node a token that is certainly wrong there. Greedy verification then accepts exactly
-``k`` tokens plus the bonus, so ``tau = k + 1`` while the verifier pays for the whole tree. The host
-``OracleDrafter`` (``oracle.py``) is the same idea one TokenTree at a time; ``open`` falls back to it.
+``k`` tokens plus the bonus, so ``tau = k + 1`` while the verifier pays for the whole tree. With
+``accept_rates`` each draft draws each row's k from a recorded acceptance by depth instead (a projection of a real
+drafter's acceptance onto this target's costs). The host ``OracleDrafter`` (``oracle.py``) is the fixed-k idea
+one TokenTree at a time; ``open`` falls back to it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ class OracleDeviceDrafter(DeviceDrafterBase):
     KINDS = ("chain", "static")
 
     def __init__(self, vocab_size: int, correct_depth: int, shapes: Sequence[TreeShape | str] | TreeShape | str,
-                 device):
+                 device, accept_rates: Optional[Sequence[float]] = None):
+        """``accept_rates`` (optional): a recorded acceptance to replay instead of a fixed ``correct_depth``:
+        ``accept_rates[d - 1]`` is the chance that levels 1..d are right (non-increasing, in [0, 1], at most
+        ``correct_depth`` of them). Each draft draws each row's right levels from it (one uniform per row)."""
         shapes = [shapes] if isinstance(shapes, (str, TreeShape)) else list(shapes)
         self.shapes = [s if isinstance(s, TreeShape) else TreeShape.parse(s) for s in shapes]
         trees = [s for s in self.shapes if s.kind != "none"]
@@ -51,6 +56,14 @@ class OracleDeviceDrafter(DeviceDrafterBase):
             raise ValueError(f"oracle drafter: vocab_size must be >= 2, got {vocab_size}")
         self.vocab_size = int(vocab_size)
         self.k = int(correct_depth)
+        self.rates = None
+        if accept_rates is not None:
+            rates = [float(r) for r in accept_rates]
+            if (not 1 <= len(rates) <= self.k or any(not 0.0 <= r <= 1.0 for r in rates)
+                    or any(b > a for a, b in zip(rates, rates[1:]))):
+                raise ValueError(f"oracle drafter: accept_rates must be 1 to correct_depth ({self.k}) non-increasing "
+                                 f"chances in [0, 1], got {rates}")
+            self.rates = torch.tensor(rates, device=device)
         self.device = torch.device(device)
         self.generator: Optional[torch.Generator] = None  # set by the engine; the oracle draws nothing
         self.continuations: dict[tuple, list[int]] = {}
@@ -64,7 +77,7 @@ class OracleDeviceDrafter(DeviceDrafterBase):
             depth = torch.tensor(shape.depths(), device=self.device)
             starts = torch.tensor(shape.level_starts(), device=self.device)
             nodes = torch.arange(shape.num_nodes, device=self.device)
-            right = (nodes == starts[depth]) & (depth >= 1) & (depth <= self.k)  # first node of a right level
+            right = (nodes == starts[depth]) & (depth >= 1)  # first node of a level (right up to the row's depth)
             salt = wrong_salts(shape.num_nodes, self.vocab_size, self.device)
             parents = torch.tensor(shape.static_parents(), device=self.device).expand(batch, -1).contiguous()
             self._layouts[shape] = (depth, right, salt, parents)
@@ -124,12 +137,20 @@ class OracleDeviceDrafter(DeviceDrafterBase):
     def step_roots(self, roots: torch.Tensor) -> None:
         self.pos += 1
 
+    def right_levels(self, batch: int) -> torch.Tensor:
+        """``[B, 1]``: how many levels of each row's draft are right: ``k``, or drawn from ``accept_rates``."""
+        if self.rates is None:
+            return torch.full((batch, 1), self.k, dtype=torch.long, device=self.device)
+        u = torch.rand(batch, 1, device=self.device, generator=self.generator)
+        return (u < self.rates[None, :]).sum(1, keepdim=True)
+
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """Right tokens on the first node of levels 1..k, a certainly-wrong token everywhere else."""
-        depth, is_right, salt, parents = self._layout(shape, roots.shape[0])
+        """Right tokens on the first node of levels 1..k (k per row), a certainly-wrong token everywhere else."""
+        depth, first, salt, parents = self._layout(shape, roots.shape[0])
+        is_right = first[None, :] & (depth[None, :] <= self.right_levels(roots.shape[0]))
         idx = (self.pos[:, None] + depth[None, :]).clamp(max=self.seq.shape[1] - 1)
         right = torch.gather(self.seq, 1, idx).clamp(min=0)  # [B, N] the continuation token at each depth
         wrong = (right + salt[None, :]) % self.vocab_size
-        tokens = torch.where(is_right[None, :], right, wrong)
+        tokens = torch.where(is_right, right, wrong)
         tokens[:, 0] = roots
         return DeviceDraft(tokens, parents, None, DraftMode.DETERMINISTIC)

@@ -12,8 +12,10 @@ engine's launch + bookkeeping time, excluding waits for the GPU.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -133,6 +135,12 @@ def oracle_rows(args, device, dtype) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     rows = []
     k, n = args.oracle_tau - 1, args.oracle_new_tokens
+    rates, replay = None, {}
+    if args.oracle_accept:
+        rates = recorded_accept_rates(args.oracle_accept)
+        k = len(rates)
+        replay = dict(accept_rates=rates, accept_from=args.oracle_accept,
+                      note="acceptance replayed from a recorded run; the drafter's own cost is not included")
     trees = {"oracle-chain": [f"chain:{k + 1}"], f"oracle-{args.oracle_tree}": [args.oracle_tree],
              "oracle-auto": ["none", f"chain:{k + 1}", args.oracle_tree]}
     for b in tqdm(args.batch_sizes, desc=f"oracle {args.oracle_shape}", file=sys.stderr):
@@ -164,7 +172,7 @@ def oracle_rows(args, device, dtype) -> list[dict]:
                          speedup_vs_mamba_ssm=plain["decode_tokens_per_s"] / ref_tps if ref_tps else None))
         for name, shapes in trees.items():
             reset_peak_memory(device)
-            oracle = OracleDeviceDrafter(shape["vocab_size"], k, shapes, device)
+            oracle = OracleDeviceDrafter(shape["vocab_size"], k, shapes, device, accept_rates=rates)
             if len(shapes) == 1:  # one tree: the target drafting for itself on it writes the continuation
                 made = generate(model, prompts, drafter=SelfOracleDrafter(model, shapes[0], k),
                                 max_new_tokens=n + k + 1, max_batch=b)
@@ -179,13 +187,36 @@ def oracle_rows(args, device, dtype) -> list[dict]:
             spec["gpu_peak_gib"] = peak_memory_gib(device)
             outs = spec.pop("outputs")
             spec["decode_tokens_per_s"] = decode_rate(spec)
-            rows.append(dict(target=args.oracle_shape, method=name, batch=b, temperature=0.0, target_tau=k + 1,
-                             settle_rounds=rounds, **spec,
+            rows.append(dict(target=args.oracle_shape, method=name, batch=b, temperature=0.0,
+                             target_tau=1 + sum(rates) if rates else k + 1, settle_rounds=rounds, **replay, **spec,
                              followed_continuation=sum(o == oracle.continuation(p)[:n]
                                                        for p, o in zip(prompts, outs)) / b,
                              speedup_vs_plain=spec["tokens_per_s"] / plain["tokens_per_s"],
                              speedup_vs_mamba_ssm=spec["decode_tokens_per_s"] / ref_tps if ref_tps else None))
     return rows
+
+
+def recorded_accept_rates(spec: str) -> list[float]:
+    """``RECORD.json:METHOD`` -> the chance that a draft of METHOD was right to depth 1, 2, ... in that e2e record
+    (its greedy rows, every prompt set: ``accepted_per_depth`` over the steps)."""
+    path, sep, method = spec.rpartition(":")
+    if not sep or not path or not method:
+        raise ValueError(f"--oracle-accept must be RECORD.json:METHOD, got {spec!r}")
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--oracle-accept: {path} is not a readable JSON record ({exc})") from exc
+    rows = [r for r in record.get("rows", []) if r.get("method") == method and r.get("temperature") == 0.0
+            and r.get("accepted_per_depth")]
+    if not rows:
+        raise ValueError(f"--oracle-accept: {path} has no greedy {method!r} rows with accepted_per_depth")
+    steps = sum(r["steps"] for r in rows)
+    counts = [0] * max(len(r["accepted_per_depth"]) for r in rows)
+    for r in rows:
+        for d, c in enumerate(r["accepted_per_depth"]):
+            counts[d] += c
+    rates = [min(1.0, c / steps) for c in counts]
+    return [min(rates[: d + 1]) for d in range(len(rates))]  # non-increasing, as chances of reaching a depth are
 
 
 def reset_peak_memory(device) -> None:
@@ -275,6 +306,9 @@ def add_parser(sub) -> None:
     p.add_argument("--skip-pair", action="store_true", help="only the oracle rows (with --oracle-shape)")
     p.add_argument("--oracle-shape", default=None, choices=list(SHAPES), help="also the oracle at this random shape")
     p.add_argument("--oracle-tau", type=int, default=4)
+    p.add_argument("--oracle-accept", default=None, metavar="RECORD.json:METHOD",
+                   help="replay the acceptance by depth METHOD had in an e2e record (instead of --oracle-tau): "
+                        "a projection of that drafter's acceptance at this shape, its drafting cost left out")
     p.add_argument("--oracle-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="the random target's dtype on a GPU (fp32: no bf16 near-ties between tree pass and step)")
     p.add_argument("--oracle-mamba-ssm-cache-dtype", choices=SSM_CACHE_DTYPES, default="float32",

@@ -166,3 +166,32 @@ def test_e2e_lookup_methods_run_on_the_demo_pair(tmp_path):
         (s, m) for s in ("code_edit", "spec_bench_copy") for m in ("plain", "ngram", "retrieval", "fusion-ngram")]
     for r in rows:
         assert r["output_equals_plain_greedy"] is True and r["host_us_per_step_p50"] > 0, r
+
+
+def test_batch_bench_oracle_replays_a_recorded_acceptance(tmp_path):
+    """``--oracle-accept RECORD:METHOD``: the acceptance by depth of METHOD's greedy rows (every prompt set) is
+    what the oracle rows replay; output still follows the target's own continuation; bad specs are named."""
+    from stree.bench.batch import recorded_accept_rates
+
+    rec = tmp_path / "e2e.json"
+    rows = [dict(method="chain", temperature=0.0, steps=100, accepted_per_depth=[80, 50, 20]),
+            dict(method="chain", temperature=0.0, steps=100, accepted_per_depth=[60, 30]),
+            dict(method="chain", temperature=1.0, steps=100, accepted_per_depth=[1, 1, 1]),
+            dict(method="beam", temperature=0.0, steps=10, accepted_per_depth=[9, 9, 9, 9])]
+    rec.write_text(json.dumps({"benchmark": "e2e", "rows": rows}))
+    assert recorded_accept_rates(f"{rec}:chain") == pytest.approx([0.7, 0.4, 0.1])
+    for bad, why in ((f"{rec}", "RECORD.json:METHOD"), (f"{rec}:static", "no greedy 'static' rows"),
+                     (f"{tmp_path}/none.json:chain", "not a readable JSON record")):
+        with pytest.raises(ValueError, match=why):
+            recorded_accept_rates(bad)
+    out = tmp_path / "batch.json"
+    assert main(["bench", "batch", "--skip-pair", "--oracle-shape", "tiny", "--oracle-dtype", "float32",
+                 "--oracle-accept", f"{rec}:chain", "--batch-sizes", "2", "--oracle-new-tokens", "16",
+                 "--oracle-prompt-len", "8", "--device", "cpu", "--out", str(out)]) == 0
+    replayed = [r for r in json.loads(out.read_text())["rows"] if r["method"].startswith("oracle-")]
+    assert replayed
+    for r in replayed:
+        assert r["accept_rates"] == pytest.approx([0.7, 0.4, 0.1]) and r["target_tau"] == pytest.approx(2.2)
+        assert 1.0 <= r["tau"] <= 4.0
+        if r["method"] != "oracle-auto":
+            assert r["followed_continuation"] == 1.0, r

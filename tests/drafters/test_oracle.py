@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,6 +111,39 @@ def test_device_oracle_refuses_what_it_cannot_lay_out():
         OracleDeviceDrafter(50, 3, "chain:3", "cpu")
     with pytest.raises(ValueError, match="no continuation registered"):
         OracleDeviceDrafter(50, 1, "chain:2", "cpu").open([1, 2], SamplingParams())
+
+
+def test_device_oracle_replays_recorded_acceptance_by_depth():
+    """With ``accept_rates`` each row's right levels are drawn per draft: P(k >= d) follows the rates (a binomial
+    check at 5 sigma over 20000 rows, which a fixed k or shifted rates fail), and the layout puts right tokens on
+    exactly the first k levels of each row."""
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+    from stree.protocols.sampling import RowSampling
+
+    rates = [0.9, 0.6, 0.35]
+    oracle = OracleDeviceDrafter(50, 3, "chain:4", "cpu", accept_rates=rates)
+    oracle.generator = torch.Generator().manual_seed(0)
+    rows = 20000
+    k = oracle.right_levels(rows)[:, 0]
+    for d, rate in enumerate(rates, start=1):
+        seen = float((k >= d).float().mean())
+        assert abs(seen - rate) < 5 * (rate * (1 - rate) / rows) ** 0.5, (d, seen, rate)
+    oracle.new_slots(4, 16)
+    cont = list(range(10, 26))
+    for slot in range(4):
+        oracle.seq[slot, : len(cont)] = torch.tensor(cont)
+    draft = oracle.draft(oracle.shapes[0], torch.tensor([9] * 4), RowSampling.greedy(4, "cpu"), False)
+    for row in draft.tokens.tolist():
+        right = next((d for d in range(1, 4) if row[d] != cont[d]), 4) - 1
+        assert row[1: right + 1] == cont[1: right + 1] and all(t != c for t, c in zip(row[right + 1:], cont[right + 1:]))
+
+
+def test_device_oracle_refuses_bad_acceptance_rates():
+    from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
+
+    for bad in ([0.5, 0.7], [1.2], [], [0.9, 0.8, 0.7, 0.6]):
+        with pytest.raises(ValueError, match="accept_rates"):
+            OracleDeviceDrafter(50, 3, "chain:4", "cpu", accept_rates=bad)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
