@@ -8,8 +8,9 @@
 #                 rows a micro-batch), each time-limited.
 #   PHASE=finish: waits for the training to end, then runs on the scale pair, one GPU each: the e2e table on
 #                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
-#                 T=1; DTYPE, default bf16), the lookup e2e on the copy-heavy sets, then `stree bench batch` at batch
-#                 1/4/16/64 (record batch-scale-TAG.json).
+#                 T=1; DTYPE, default bf16; merged into e2e-scale-TAG.json), the lookup e2e on the copy-heavy sets,
+#                 `stree bench batch` at batch 1/4/16/64 (batch-scale-TAG.json), and the HumanEval acceptance of
+#                 chain and beam replayed at the 2.7B shape (projection-METHOD-TAG.json).
 # On the 2-GPU machine the pair trains on GPU 1 alone, GPU 0 runs the tests, the probe and the bf16 e2e, then
 # PHASE=profile runs the training profiles and the numerics on GPU 0, and PHASE=finish the e2e sets on both GPUs.
 # Records land in OUT_DIR (copy them to results/); a short table prints last.
@@ -111,10 +112,17 @@ if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then th
   for f in "$out"/e2e-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
   exit 0
 fi
+project() {  # project GPU METHOD TREE: the scale pair's HumanEval acceptance by depth of METHOD replayed at the 2.7B
+  # shape, batch 1 and 16 (the oracle's costs; the drafter's own cost left out): OUT/projection-METHOD-TAG.json
+  CUDA_VISIBLE_DEVICES=$1 timeout "${PROJECT_S:-150}" python3 -m stree.cli bench batch --skip-pair \
+    --oracle-shape 2.7b --oracle-accept "$out/e2e-scale-humaneval-$tag.json:$2" --oracle-tree "$3" \
+    --batch-sizes 1,16 --out "$out/projection-$2-$tag.json" > "$out/projection-$2-$tag.txt" 2>&1
+}
 k=0
 for set in humaneval in_domain mt_bench; do
-  e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
-     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto &
+  (e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
+     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto
+   [ $set = humaneval ] && project 0 chain static:2,2,1,1,1 && project 0 beam static:2,2,1,1,1) &
   k=$((k + 1))
 done
 (e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
@@ -125,4 +133,4 @@ done
 wait
 merge_sets
 echo "===== finish summary ($tag)"
-for f in "$out"/e2e-*-"$tag".txt "$out/batch-scale-$tag.txt"; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
+for f in "$out"/e2e-*-"$tag".txt "$out/batch-scale-$tag.txt" "$out"/projection-*-"$tag".txt; do echo "--- $(basename "$f")"; tail -n 30 "$f" | cut -c1-200; done
