@@ -6,7 +6,7 @@ capture is zeroed only when that graph replays, so another graph or an eager lau
 garbage, and every CUDA graph is captured on the same stream (PyTorch's default capture stream), so a buffer per
 stream would be shared by every graph anyway. Each launch leaves its counters at zero again, and the launches
 that use them run one after another on one stream (with programmatic dependent launch a kernel still waits for
-the one before it before touching them). ``cuda_graph.capture_graph`` reserves the buffer before it captures.
+the one before it before touching them). ``cuda_graph.capture_graph`` makes the buffer before it captures.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def reserve(device: torch.device, n: int = RESERVED) -> torch.Tensor:
-    """Make sure ``device`` has at least ``n`` zeroed counters (eagerly; call outside any capture)."""
+def counters(device: torch.device, n: int = RESERVED) -> torch.Tensor:
+    """At least ``n`` zeroed int32 counters on ``device``; a buffer too small is replaced eagerly, never inside a
+    capture (``cuda_graph.capture_graph`` calls this first, so a capture finds the buffer made)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -34,14 +35,9 @@ def reserve(device: torch.device, n: int = RESERVED) -> torch.Tensor:
     if buf is None or buf.numel() < n:
         if _capturing(device):
             raise RuntimeError(f"arrival counters: {n} needed on {key} inside a CUDA graph capture, but only "
-                               f"{0 if buf is None else buf.numel()} were reserved before it (arrival.reserve)")
+                               f"{0 if buf is None else buf.numel()} were made before it")
         if buf is not None:
             _RETIRED.append(buf)
         buf = torch.zeros(max(n, RESERVED), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
-
-
-def counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zeroed int32 counters on ``device``."""
-    return reserve(device, n)

@@ -19,7 +19,7 @@ def capture_graph(fn: Callable, warmup: int = 1, pool=None):
     """``(graph, outputs)``: ``fn`` run ``warmup`` times on a side stream (real runs), then captured once.
 
     ``pool`` (``torch.cuda.graph_pool_handle()``) lets graphs that never run at once share their memory."""
-    arrival.reserve(torch.device("cuda", torch.cuda.current_device()))  # counters are never made mid-capture
+    arrival.counters(torch.device("cuda", torch.cuda.current_device()))  # counters are never made mid-capture
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

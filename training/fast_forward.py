@@ -13,6 +13,7 @@ position's logits at once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -143,26 +144,20 @@ class TrainForward:
         normed, res = block._add_norm(block.norm2, out, res)
         return block._scaled(block.mlp(normed)), res
 
-    def _block(self, i: int, block: Block, hidden, residual, emb):
-        if torch.is_grad_enabled():  # also when activation checkpointing recomputes the block in the backward pass
-            with backend.using("torch"):
-                return self._block_ops(i, block, hidden, residual, emb)
-        return self._block_ops(i, block, hidden, residual, emb)
+    @staticmethod
+    def _differentiable_ops():
+        """With gradients on, the model's own ops run their differentiable PyTorch references (a Triton op would
+        cut the backward pass), whatever kernel backend is set; without them, the backend as set."""
+        return backend.using("torch") if torch.is_grad_enabled() else contextlib.nullcontext()
 
-    def _block_ops(self, i: int, block: Block, hidden, residual, emb):
-        if i in self.dims:
-            return self._mamba_block(block, self.dims[i], hidden, residual)
-        return block.run(hidden, residual, block.mixer, emb)
+    def _block(self, i: int, block: Block, hidden, residual, emb):
+        with self._differentiable_ops():  # also when activation checkpointing recomputes the block backward
+            if i in self.dims:
+                return self._mamba_block(block, self.dims[i], hidden, residual)
+            return block.run(hidden, residual, block.mixer, emb)
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` ids -> ``[B, T, d]`` final-norm hidden states (the LM head's input). With gradients on, the
-        model's own ops run their differentiable PyTorch references (a Triton op would cut the backward pass)."""
-        if not torch.is_grad_enabled():
-            return self._forward(input_ids)
-        with backend.using("torch"):
-            return self._forward(input_ids)
-
-    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` ids -> ``[B, T, d]`` final-norm hidden states (the LM head's input)."""
         model = self.model
         hidden, residual = model.backbone.embedding(input_ids), None
         if model.config.embedding_multiplier != 1.0:
@@ -173,7 +168,8 @@ class TrainForward:
                 hidden, residual = checkpoint(self._block, i, block, hidden, residual, emb, use_reentrant=False)
             else:
                 hidden, residual = self._block(i, block, hidden, residual, emb)
-        h, _ = model.backbone.layers[-1]._add_norm(model.backbone.norm_f, hidden, residual)
+        with self._differentiable_ops():
+            h, _ = model.backbone.layers[-1]._add_norm(model.backbone.norm_f, hidden, residual)
         return h
 
 

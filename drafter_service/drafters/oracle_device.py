@@ -77,7 +77,8 @@ class OracleDeviceDrafter(DeviceDrafterBase):
             depth = torch.tensor(shape.depths(), device=self.device)
             starts = torch.tensor(shape.level_starts(), device=self.device)
             nodes = torch.arange(shape.num_nodes, device=self.device)
-            right = (nodes == starts[depth]) & (depth >= 1)  # first node of a level (right up to the row's depth)
+            first = (nodes == starts[depth]) & (depth >= 1)  # first node of a level 1..
+            right = first if self.rates is not None else first & (depth <= self.k)  # rows draw k, or k fixed here
             salt = wrong_salts(shape.num_nodes, self.vocab_size, self.device)
             parents = torch.tensor(shape.static_parents(), device=self.device).expand(batch, -1).contiguous()
             self._layouts[shape] = (depth, right, salt, parents)
@@ -138,16 +139,17 @@ class OracleDeviceDrafter(DeviceDrafterBase):
         self.pos += 1
 
     def right_levels(self, batch: int) -> torch.Tensor:
-        """``[B, 1]``: how many levels of each row's draft are right: ``k``, or drawn from ``accept_rates``."""
-        if self.rates is None:
-            return torch.full((batch, 1), self.k, dtype=torch.long, device=self.device)
+        """``[B, 1]``: how many levels of each row's draft are right, drawn from ``accept_rates``."""
         u = torch.rand(batch, 1, device=self.device, generator=self.generator)
         return (u < self.rates[None, :]).sum(1, keepdim=True)
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
-        """Right tokens on the first node of levels 1..k (k per row), a certainly-wrong token everywhere else."""
-        depth, first, salt, parents = self._layout(shape, roots.shape[0])
-        is_right = first[None, :] & (depth[None, :] <= self.right_levels(roots.shape[0]))
+        """Right tokens on the first node of levels 1..k (k fixed, or drawn per row), a certainly-wrong token
+        everywhere else."""
+        depth, right_nodes, salt, parents = self._layout(shape, roots.shape[0])
+        is_right = right_nodes[None, :]
+        if self.rates is not None:
+            is_right = is_right & (depth[None, :] <= self.right_levels(roots.shape[0]))
         idx = (self.pos[:, None] + depth[None, :]).clamp(max=self.seq.shape[1] - 1)
         right = torch.gather(self.seq, 1, idx).clamp(min=0)  # [B, N] the continuation token at each depth
         wrong = (right + salt[None, :]) % self.vocab_size

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
-from stree.bench.rpc import _free_port, start_service
+from stree.bench.rpc import _free_port, start_service, stop_service
 from stree.bench.scale_pair import card_name
 
 SERVE_APP = """
@@ -107,11 +107,7 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
         remote.close()
         ahead.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_service(proc, 60)
     rows = [{"path": "plain", **p_row, "equals_plain_greedy": True},
             {"path": "in-process", **l_row, "equals_plain_greedy": local == plain},
             {"path": "remote", **r_row, "equals_plain_greedy": far == plain},

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stree.bench.common import save_record
+
 
 def merge_records(records: list[dict]) -> dict:
     """The merged record of ``records`` (each with ``benchmark``, ``device`` and ``rows``)."""
@@ -34,10 +36,8 @@ def run(args) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a readable JSON record ({exc})") from exc
     merged = merge_records(records)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(merged, indent=2))
-    print(f"wrote {out}: {len(merged['rows'])} rows from {len(records)} records")
+    save_record(args.out, merged)
+    print(f"wrote {args.out}: {len(merged['rows'])} rows from {len(records)} records")
     return 0
 
 

@@ -64,6 +64,15 @@ def start_service(port: int, timeout_s: float = 180.0, drafter_args: tuple = ("-
     raise RuntimeError(f"drafter service did not become healthy within {timeout_s:.0f}s")
 
 
+def stop_service(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Stop a ``start_service`` child: SIGTERM (it shuts its Ray down), SIGKILL after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _context(vocab: int, length: int) -> list[int]:
     g = torch.Generator().manual_seed(1)
     motif = torch.randint(0, vocab, (48,), generator=g).tolist()
@@ -148,11 +157,7 @@ def run(args) -> int:
         remote.close()
         serial.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_service(proc)
     record = {"benchmark": "rpc", "date": date.today().isoformat(), "device": "cpu (loopback)",
               "cpus": os.cpu_count(), "command": "stree " + " ".join(sys.argv[1:]), "drafter": "ngram",
               "steps": args.steps, "context_len": args.context_len, "budget": vars(BUDGET), "rows": rows}
