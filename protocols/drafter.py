@@ -12,6 +12,7 @@ Host-only drafters return None there (``HostDrafter`` does).
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
 
@@ -89,7 +90,9 @@ class Drafter(Protocol):
     name: str
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> DrafterSession:
-        """Start a session whose context is ``prompt_ids`` (non-empty)."""
+        """Start a session whose context is ``prompt_ids`` (non-empty). ``params.seed`` seeds the session's own
+        draws; callers give every session its own (``session_seeds``): drafts two requests drew alike would be
+        one draw, not the independent draws from q that lossless sampled verification needs."""
         ...
 
     def device_drafter(self) -> Optional["DeviceOffer"]:
@@ -133,3 +136,10 @@ class ContextSession:
     def root_only(self) -> TokenTree:
         """The empty draft: just the root (the verifier then does one plain decoding step)."""
         return TokenTree.chain([self.context[-1]])
+
+
+def session_seeds(seed: Optional[int], count: int) -> list[int]:
+    """``count`` seeds for host drafter sessions, one per request: drawn from ``seed`` (a seeded run stays
+    reproducible) or from the system's entropy (None), never one seed shared by requests."""
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    return [rng.getrandbits(62) for _ in range(count)]

@@ -16,12 +16,11 @@ from stree.protocols.drafter import ContextSession, HostDrafter
 from stree.protocols.sampling import warp_logits
 from stree.protocols.sampling import sample_inverse_cdf, warp_logits_rows
 from stree.verifier.decode import step_program as engine_mod
-from stree.verifier.model.checkpoint import init_model, load_model
 
+from sampling_pair import VOCAB, sharpened_pair
 from stat_helpers import chisquare_pvalue, exact_sequence_distribution
 
 ALPHA = 1e-3  # false-alarm rate of each distribution test
-VOCAB = 6
 SAMPLES = 1200
 PROMPT = [1, 4, 2]
 LOOKUP_PROMPT = [1, 4, 2, 5, 1, 4, 3, 5, 1, 4]  # "1 4" was followed by "2 5" and by "3 5": lookup drafts branch
@@ -29,14 +28,7 @@ LOOKUP_PROMPT = [1, 4, 2, 5, 1, 4, 3, 5, 1, 4]  # "1 4" was followed by "2 5" an
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_vocab")
-    small = dict(d_model=16, d_state=8, headdim=8, vocab_size=VOCAB)
-    target = load_model(init_model(root / "t", arch="hybrid", n_layer=2, attn_layers=[1], seed=11, **small))
-    draft = load_model(init_model(root / "d", arch="mamba2", n_layer=1, seed=12, **small))
-    with torch.no_grad():  # sharpen both so the laws are far from uniform and differ
-        target.backbone.norm_f.weight.mul_(12.0)
-        draft.backbone.norm_f.weight.mul_(9.0)
-    return target, draft
+    return sharpened_pair(tmp_path_factory.mktemp("tiny_vocab"))
 
 
 class IIDDrafter(HostDrafter):
@@ -46,14 +38,12 @@ class IIDDrafter(HostDrafter):
 
     def __init__(self, draft, width=3):
         self.draft, self.width = draft, width
-        self.opened = 0
 
     def open(self, prompt_ids, params):
         outer = self
-        self.opened += 1  # every session draws its own children: drafts must be fresh draws from q
 
         class Session(ContextSession):
-            gen = torch.Generator().manual_seed(params.seed * 100_003 + outer.opened)
+            gen = torch.Generator().manual_seed(params.seed)  # each session's own seed: fresh draws from q
 
             def _q(self, ids):
                 return warp_logits(outer.draft.score_sequence(torch.tensor(ids))[-1], params)
@@ -106,6 +96,37 @@ def test_speculative_sampling_matches_target_distribution(pair, drafter, options
     d = IIDDrafter(draft) if drafter == "iid" else drafter
     p = _pvalue(target, draft, d, params, options)
     assert p > ALPHA, f"sampled sequences do not follow the target's law (p={p:.2e})"
+
+
+class HostOnly(HostDrafter):
+    """A built-in drafter's host sessions only (its device drafter hidden): the path a remote drafter's trees take.
+    Each session draws on the seed the caller gave it; one seed for every request would make every request's
+    drafts one draw, which this test catches."""
+
+    name = "host-only"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def open(self, prompt_ids, params):
+        return self.inner.open(prompt_ids, params)
+
+
+def test_host_sessions_of_a_stochastic_drafter_keep_the_target_distribution(pair):
+    from stree.protocols.registry import create_drafter
+
+    target, draft = pair
+    host = HostOnly(create_drafter("static-tree", draft_model=draft, tree_widths=[3, 2]))
+    p = _pvalue(target, draft, host, SamplingParams(temperature=1.0))
+    assert p > ALPHA, f"host-drafted sampled sequences do not follow the target's law (p={p:.2e})"
+
+
+def test_session_seeds_are_per_request_and_reproducible():
+    from stree.protocols.drafter import session_seeds
+
+    seeds = session_seeds(7, 1000)
+    assert len(set(seeds)) == 1000 and seeds == session_seeds(7, 1000) and seeds != session_seeds(8, 1000)
+    assert session_seeds(None, 2) != session_seeds(None, 2)
 
 
 LOOKUP_CASES = [

@@ -8,13 +8,13 @@ the host through a session per prompt, and the engine pads its trees into its st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 import torch
 
 from stree.protocols.device_drafter import DeviceOffer
-from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, drafter_problem
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, drafter_problem, session_seeds
 from stree.protocols.sampling import SamplingParams
 from stree.verifier.decode.admission import check_hold_steps
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Request
@@ -84,8 +84,8 @@ def generate(
     stops = frozenset(int(t) for t in stop_token_ids)
     requests = []
     try:
-        for p in prompts:
-            session = built.open(list(p), params) if engine_drafter == "host" else None
+        for p, own in zip(prompts, session_seeds(seed, len(prompts))):  # each session draws on its own seed
+            session = built.open(list(p), replace(params, seed=own)) if engine_drafter == "host" else None
             requests.append(Request(p, max_new_tokens, params, stops, drafter_session=session))
         engine.run(requests)
     finally:

@@ -17,10 +17,10 @@ import concurrent.futures
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Optional
 
-from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, session_seeds
 from stree.protocols.request_limits import (
     FieldError,
     check_prompt_ids,
@@ -234,10 +234,11 @@ class ServingCore:
         if job.drafter is None:
             return _RootOnly(job.prompt)
         budget = job.spec.budget or self.limits.budget
+        params = replace(job.spec.params, seed=session_seeds(None, 1)[0])  # never a seed other requests share
         try:
             if isinstance(job.drafter, RemoteDrafter):
-                return job.drafter.open(job.prompt, job.spec.params, budget=budget)
-            return job.drafter.open(job.prompt, job.spec.params)
+                return job.drafter.open(job.prompt, params, budget=budget)
+            return job.drafter.open(job.prompt, params)
         except ValueError as exc:
             raise InvalidRequest(f"drafter {job.drafter_name!r}: {exc}", "drafter") from exc
         except Exception:  # noqa: BLE001 - a plugin's own failure: logged here, a plain sentence for the client
