@@ -7,6 +7,8 @@ Without graphs a step of a 64-layer model is bound by kernel launches (DESIGN se
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 from typing import Callable
 
@@ -27,9 +29,25 @@ def capture_graph(fn: Callable, warmup: int = 1, pool=None):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool), collector_paused():
         out = fn()
     return graph, out
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside the block, back to its former state after.
+
+    A collection during a capture can free an unreachable object that owns CUDA resources (an earlier engine's
+    graph, say); its destructor's CUDA call is illegal while the stream captures, and the process aborts.
+    ``torch.cuda.graph`` collects just before the capture begins, so nothing is left waiting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def graphed_fastest(candidates: dict, default, min_gain: float = 1.0):

@@ -1,5 +1,6 @@
 """GPU: split-K GEMMs and decode steps captured in several CUDA graphs, replayed in any order, give the eager bits
-(the arrival counters they share are zeroed before any capture, never inside one)."""
+(the arrival counters they share are zeroed before any capture, never inside one); garbage that owns a graph is
+not collected mid-capture."""
 
 from __future__ import annotations
 
@@ -26,3 +27,28 @@ def test_split_k_gemm_graphs_replayed_in_any_order_equal_eager(dtype):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want[k])
+
+
+def test_capture_survives_garbage_that_owns_a_graph():
+    """An unreachable cycle holding a captured graph, and a collector set to run at every allocation: capturing
+    another graph must not collect it mid-capture (its destructor's CUDA call would abort the process)."""
+    import gc
+
+    w = torch.randn(256, 256, device="cuda")
+
+    class Holder:
+        pass
+
+    old = Holder()
+    old.graph, old.out = capture_graph(lambda: w @ w)
+    old.me = old  # a cycle: only the cyclic collector frees it
+    del old
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        graph, out = capture_graph(lambda: [torch.relu(w @ w + i) for i in range(50)][-1])
+    finally:
+        gc.set_threshold(*threshold)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.relu(w @ w + 49))
