@@ -52,6 +52,53 @@ def test_the_slowest_sequence_decides_when_the_batch_drains():
     assert not draft_finishes_later([], [], 2.0, 1.0)
 
 
+# the scale pair's chain:4 acceptance on HumanEval (results/projection-chain-h100-20261127.json): P(depth >= d)
+CHAIN_RATES = (0.541, 0.288, 0.198, 0.156)
+
+
+def _chain_accepts(u: float) -> int:
+    """Drafted tokens a chain step accepts for the uniform ``u``: a depth only after every shallower one."""
+    return sum(u < r for r in CHAIN_RATES)
+
+
+def _drain_rate(k: int, shrink_by_noise: bool, trials: int = 400) -> float:
+    """How often 16 sequences that accept alike (i.i.d. draws of CHAIN_RATES), after ``k`` draft steps each, make
+    the rule stop a draft that in truth finishes the batch sooner (tau ~2.2 at 1.46x plain's cost: about 60 draft
+    steps against 128 plain ones)."""
+    import random
+
+    stops = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        per = [[_chain_accepts(rng.random()) for _ in range(k)] for _ in range(16)]
+        prior = SlowestPrior(decay=1.0)
+        for step in zip(*per):
+            prior.observe(step)
+        taus = sequence_taus(1.0 + prior.mean, [sum(p) for p in per], [k] * 16,
+                             step_variance=prior.variance if shrink_by_noise else None)
+        stops += draft_finishes_later([128 - 2 * k] * 16, taus, 8.39e-3, 5.75e-3)
+    return stops / trials
+
+
+def test_noise_alone_does_not_stop_a_draft_that_finishes_the_batch_sooner():
+    """The lowest of 16 noisy rates is low by chance; shrinking by how far the rates spread beyond per-step noise
+    keeps the draft (the fixed 4-step shrinkage stopped it in up to 1 of 10 decisions, for good)."""
+    assert max(_drain_rate(k, shrink_by_noise=True) for k in (1, 2, 4, 8)) <= 0.03
+    assert max(_drain_rate(k, shrink_by_noise=False) for k in (1, 2, 4, 8)) >= 0.08
+
+
+def test_a_sequence_that_really_accepts_less_is_trusted_within_two_steps():
+    """Three sequences accept all 3 drafted tokens every step, one none: the spread is no noise, so after two draft
+    steps its own rate decides, and the draft at twice plain's cost would finish the batch later."""
+    for k, later in ((1, False), (2, True), (5, True)):
+        prior = SlowestPrior(decay=1.0)
+        for _ in range(k):
+            prior.observe([3, 3, 3, 0])
+        taus = sequence_taus(1.0 + prior.mean, [3 * k] * 3 + [0], [k] * 4, step_variance=prior.variance)
+        assert draft_finishes_later([30 - 4 * k] * 3 + [30 - k], taus, 2e-3, 1e-3) is later, k
+    assert SlowestPrior().variance is None
+
+
 def _fixed_costs(engine, cost: dict) -> None:
     """Make goodput control see fixed step costs (wall time on the CPU would make the test depend on the machine)."""
     observe = engine.goodput.observe

@@ -89,7 +89,8 @@ class StepChooser:
             return False
         running = [r for r in running if not r.done]
         taus = sequence_taus(mode.stats[shape].tau, [r.num_accepted_draft_tokens for r in running],
-                             [r.draft_steps for r in running], self.slow_prior.ratio(len(running)))
+                             [r.draft_steps for r in running], self.slow_prior.ratio(len(running)),
+                             step_variance=self.slow_prior.variance)
         remaining = [r.max_new_tokens - len(r.output) for r in running]
         return draft_finishes_later(remaining, taus, mode.stats[shape].cost, mode.stats[PLAIN].cost)
 
