@@ -57,6 +57,15 @@ class SlotHistory:
         self.length += count.clamp(min=0)
         self.length.clamp_(max=self.capacity)
 
+    def append_roots(self, roots: torch.Tensor) -> None:
+        """``append(roots[:, None], ones)`` in 7 kernels instead of 15: a plain step's one token per slot, in every
+        plain step's graph while goodput control decodes plainly (a full slot drops it, as ``append`` does)."""
+        room = self.length < self.capacity
+        at = (self.length.clamp(max=self.capacity - 1) + self.pad)[:, None]
+        new = torch.where(room, roots, self.tokens.gather(1, at)[:, 0])
+        self.tokens.scatter_(1, at, new[:, None])
+        self.length += room
+
     def put_roots(self, roots: torch.Tensor) -> None:
         """Write each slot's root at its length (not counted in): the draft's view of the whole sequence."""
         col = self.length.clamp(max=self.capacity - 1)[:, None] + self.pad
