@@ -10,7 +10,8 @@
    ``overlap_vs_sequential``: its tokens/s over the remote path's without drafting ahead.
 2. **Verifier replicas.** The OpenAI app on Ray Serve (``verifier.service.ray_serve``) with 1, 2, ... replicas,
    one GPU each, loaded by ``stree bench serve``'s client at ``--concurrency`` (``replica_scaling``: each count's
-   output tokens/s over one replica's).
+   output tokens/s over one replica's). Each replica keeps ``stree serve``'s default limits (8 engine slots), but
+   the per-client stream limit rises to the concurrency: the load generator is one client.
 
 Writes ``distributed-<card>-<date>.json`` (to ``--out``) with those three keys and the rows behind them.
 """
@@ -38,12 +39,14 @@ import signal, sys, threading
 from ray import serve
 import ray
 from stree.verifier.service.ray_serve import app_builder
-model, replicas, gpus, port = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+model, replicas, gpus, port, dtype = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+per_client = int(sys.argv[6])  # the load generator is one client: its streams may fill every replica
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 ray.init(num_cpus=max(4, 2 * replicas), include_dashboard=False, logging_level="WARNING")
 serve.start(http_options={"host": "127.0.0.1", "port": port})
-serve.run(app_builder({"model_dir": model, "num_replicas": replicas, "gpus_per_replica": gpus}), route_prefix="/")
+serve.run(app_builder({"model_dir": model, "num_replicas": replicas, "gpus_per_replica": gpus, "dtype": dtype,
+                       "limits": {"max_streams_per_client": per_client}}), route_prefix="/")
 print("SERVING", flush=True)
 stop.wait()
 serve.shutdown()
@@ -90,7 +93,8 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = str(gpus - 1)  # the service's local Ray sees the drafter's GPU only
     port = _free_port()
-    service_args = ("--drafters", "mamba", "--draft-model", args.draft, "--option", f"mamba.tree={args.tree}",
+    service_args = ("--drafters", "mamba", "--draft-model", args.draft, "--dtype", args.dtype,
+                    "--option", f"mamba.tree={args.tree}",
                     "--replicas", "1",
                     "--gpus-per-replica", "1" if gpus else "0", "--ray-num-cpus", "4")
     proc = start_service(port, drafter_args=service_args, env=env, log=str(logs / "drafter-service.log"))
@@ -138,8 +142,9 @@ def serve_replicas(args, prompts: list, replicas: int, gpus: int, logs: Path) ->
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
     log = open(logs / f"serve-{replicas}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_APP, args.target, str(replicas), "1" if gpus else "0",
-                             str(port)], stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+    argv = [args.target, str(replicas), "1" if gpus else "0", str(port), args.dtype, str(args.concurrency)]
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_APP, *argv], stdout=subprocess.PIPE, stderr=log, env=env,
+                            start_new_session=True)
     try:
         line = b""
         end = time.monotonic() + args.start_timeout
@@ -168,8 +173,9 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logs = out / "distributed-logs"
     logs.mkdir(exist_ok=True)
-    prompts = [text for _, text in load_prompt_set(args.prompt_set, args.num_prompts, args.prompt_file,
-                                                   args.data_dir)]
+    texts = [text for _, text in load_prompt_set(args.prompt_set, args.num_prompts, args.prompt_file,
+                                                 args.data_dir)]
+    prompts = [texts[i % len(texts)] for i in range(args.num_prompts)]  # a set smaller than the load repeats
     from stree.verifier.service.remote_drafter import MAX_OVERLAP
 
     if not 1 <= args.draft_ahead <= MAX_OVERLAP:
@@ -217,11 +223,13 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="checkpoints/demo-target", help="folder or Hub id")
     p.add_argument("--draft", default="checkpoints/demo-draft", help="the remote drafter's model")
     p.add_argument("--tree", default="chain:4", help="the drafter's tree (both paths)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights of the target, the drafter (both paths) and the Serve replicas")
     p.add_argument("--prompt-set", default="humaneval", choices=list(PROMPT_SETS))
     p.add_argument("--prompt-file", default=None, help="jsonl file of --prompt-set")
     p.add_argument("--data-dir", default=None, help="folder holding the prompt sets' standard files")
-    p.add_argument("--num-prompts", type=int, default=64, help="prompts of the replica load")
+    p.add_argument("--num-prompts", type=int, default=256,
+                   help="requests of the replica load (the prompt set repeats when it has fewer)")
     p.add_argument("--remote-prompts", type=int, default=8, help="prompts decoded on each drafting path")
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -79,6 +79,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where model drafters run: auto (a GPU when the cluster has one, else the CPU), cpu, or cuda "
                         "(a replica without a GPU refuses to start)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="model drafters' weights (default: each checkpoint's own dtype)")
     p.add_argument("--replica-resources", default="{}", metavar="JSON",
                    help='custom Ray resources each replica needs, e.g. \'{"stree_drafter": 1}\' to keep replicas '
                         "on the nodes that offer it")
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         num_cpus=args.cpus_per_replica,
         num_gpus=args.gpus_per_replica,
         device=args.device,
+        dtype=args.dtype,
     )
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")

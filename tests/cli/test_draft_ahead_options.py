@@ -68,3 +68,29 @@ def test_drafter_service_device_choice(capsys):
         assert device_for_this_process("auto") == "cpu"
         with pytest.raises(ValueError, match="device cuda: this replica has no usable GPU"):
             device_for_this_process("cuda")
+
+
+def test_drafter_service_dtype_choice(capsys, model_dirs):
+    """``stree drafter-service --dtype`` and Ray Serve's ``dtype`` set the weights of model drafters and
+    replicas; a dtype they do not know is refused by name before anything loads."""
+    import torch
+
+    from stree.drafter_service.actors import DrafterReplica, PoolConfig
+    from stree.protocols.registry import get_drafter_factory
+
+    with pytest.raises(SystemExit):
+        main(["drafter-service", "--no-supervise", "--drafters", "mamba", "--dtype", "int8"])
+    assert "--dtype: invalid choice: 'int8'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'int8'"):
+        PoolConfig(dtype="int8")
+    options = {"draft_model": str(model_dirs["mamba2"])}
+    half = DrafterReplica("mamba", get_drafter_factory("mamba"), options, device="cpu", dtype="bfloat16")
+    own = DrafterReplica("mamba", get_drafter_factory("mamba"), options, device="cpu")
+    assert next(half.drafter.model.parameters()).dtype == torch.bfloat16
+    assert next(own.drafter.model.parameters()).dtype == torch.float32
+    pytest.importorskip("ray.serve")
+    from stree.verifier.service.ray_serve import app_builder
+
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'fp8'"):
+        app_builder({"model_dir": str(model_dirs["mamba2"]), "dtype": "fp8"})
+    assert type(app_builder({"model_dir": str(model_dirs["mamba2"]), "dtype": "bfloat16"})).__name__ == "Application"

@@ -15,6 +15,7 @@ from typing import Optional
 from ray import serve
 
 REPLICA_HEADER = b"x-stree-replica"
+SERVE_DTYPES = ("float32", "bfloat16", "float16")  # a replica's weights (``dtype=``; None keeps the checkpoint's)
 
 
 def _with_replica_header(app, replica: str):
@@ -50,7 +51,7 @@ class VerifierReplica:
 
     def __init__(self, model_dir: str, served_model_name: Optional[str] = None, drafter: str = "none",
                  draft_model: Optional[str] = None, limits: Optional[dict] = None, device: Optional[str] = None,
-                 draft_ahead: int = 0):
+                 draft_ahead: int = 0, dtype: Optional[str] = None):
         import torch
 
         from stree.verifier.model.checkpoint import load_model
@@ -63,15 +64,18 @@ class VerifierReplica:
         from stree.verifier.service.openai_api import OpenAIApp
 
         check_draft_ahead(drafter, draft_ahead)
+        if dtype is not None and dtype not in SERVE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {dtype!r}")
+        weights = getattr(torch, dtype) if dtype else None  # None: the checkpoint's own dtype
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model_dir = ModelFolder(resolve_model_dir(model_dir), model_dir)  # a folder or a Hugging Face Hub id
-        model = load_model(model_dir, device=device)
+        model = load_model(model_dir, device=device, dtype=weights)
         tokenizer = load_tokenizer(model_dir)
         lim = ServerLimits(**(limits or {}))
         if drafter.startswith("grpc://"):
             drafters = RemoteDrafters(drafter, 0.05, lim.budget, overlap=draft_ahead)
         else:
-            draft = load_model(draft_model, device=device) if draft_model else None
+            draft = load_model(draft_model, device=device, dtype=weights) if draft_model else None
             drafters = EmbeddedDrafters(drafter, draft_model=draft)
         name = served_model_name or model_dir.display_name
         core = ServingCore(model, tokenizer, drafters, lim, ServerMetrics(name), eos_token_id(tokenizer))
@@ -101,6 +105,8 @@ def app_builder(args: dict):
     replicas = int(args.pop("num_replicas", 1))
     gpus = float(args.pop("gpus_per_replica", 1.0))
     limits = args.pop("limits", None)
+    if args.get("dtype") is not None and args["dtype"] not in SERVE_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {args['dtype']!r}")
     if "draft_ahead" in args:  # ``serve run ... draft_ahead=4`` passes text
         try:
             args["draft_ahead"] = int(args["draft_ahead"])
