@@ -2,17 +2,20 @@
 # The headline measurements in two device calls on the 4-GPU machine (nvidia-h100-x4), about 9 minutes each.
 #
 #   PHASE=start : the scale pair starts training, detached, on GPUs 2 and 3 (bench/scale_pair_gpu.sh, capped at
-#                 MINUTES=4,1.2,0.8); meanwhile GPU 0 runs `stree bench numerics` (2.7B shape, bf16, exact vs fast
-#                 vs mamba_ssm) after the exact GPU tests and bench/exact_probe.py, and GPU 1 runs `stree bench e2e
-#                 --dtype bfloat16` on the demo pair (the ==greedy record) then bench/train_profile.py (8 and 16
-#                 rows a micro-batch), each time-limited.
+#                 MINUTES=4,1.2,0.8); meanwhile GPU 0 runs the exact engine GPU tests in fp16 on the hybrid target
+#                 then `stree bench numerics` (2.7B shape, bf16, exact vs fast vs mamba_ssm), and GPU 1 the exact
+#                 tests of the Hugging Face families then the lookup e2e on the demo pair (every prompt set, bf16,
+#                 T=0: e2e-lookup-demo-TAG.json), each time-limited (SEL_S, NUMERICS_S, LOOKUP_S).
 #   PHASE=finish: waits for the training to end, then runs on the scale pair, one GPU each: the e2e table on
 #                 HumanEval, in-domain and MT-Bench (plain, mamba_ssm, chain, static, beam, TreeFlash, auto; T=0 and
-#                 T=1; DTYPE, default bf16; merged into e2e-scale-TAG.json), the lookup e2e on the copy-heavy sets,
+#                 T=1; DTYPE, default bf16; n-gram and retrieval too; merged into e2e-scale-TAG.json), the lookup e2e
+#                 on the copy-heavy sets (e2e-lookup-TAG.json),
 #                 `stree bench batch` at batch 1/4/16/64 (batch-scale-TAG.json), and the HumanEval acceptance of
 #                 chain and beam replayed at the 2.7B shape (projection-METHOD-TAG.json).
 # On the 2-GPU machine the pair trains on GPU 1 alone, GPU 0 runs the tests, the probe and the bf16 e2e, then
 # PHASE=profile runs the training profiles and the numerics on GPU 0, and PHASE=finish the e2e sets on both GPUs.
+# The finish phase waits for the training (WAIT_S) and then needs about 8 minutes: start it detached
+# (setsid nohup ... &) in a call that polls for "finish summary" in its log, as a call may run 10 minutes at most.
 # Records land in OUT_DIR (copy them to results/); a short table prints last.
 # Usage (repo root): PHASE=start|finish bench/headline_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
@@ -48,24 +51,29 @@ if [ "$phase" = start ] && [ "$n_gpu" -lt 4 ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 90 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
   e2e 0 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
     --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
-elif [ "$phase" = start ]; then
-  (gpu_test_files 0 110 tests/gpu/test_exact_ops_gpu.py tests/gpu/test_exact_engine_gpu.py
-   CUDA_VISIBLE_DEVICES=0 timeout 90 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
+elif [ "$phase" = start ]; then  # 4 GPUs: what the 2-GPU sessions left unfinished beside the training
+  exact_sel() {  # exact_sel GPU SECONDS K-EXPRESSION: one selection of the exact engine GPU tests
+    local name="exact-$(echo "$3" | tr -c 'a-z0-9\n' '_')"
+    CUDA_VISIBLE_DEVICES=$1 timeout "$2" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
+      tests/gpu/test_exact_engine_gpu.py -k "$3" > "$out/$name-$tag.txt" 2>&1
+    echo "$name rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
+  }
+  (exact_sel 0 "${SEL_S:-250}" "every_drafter and hybrid and dtype1"
    numerics_lane 0) &
-  (e2e 1 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
-      --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
-   profile_lane 1) &
+  (exact_sel 1 "${SEL_S:-250}" "hf_family"
+   e2e 1 "${LOOKUP_S:-230}" "e2e-lookup-demo-$tag" --dtype bfloat16 --temperatures 0 \
+     --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain,code_edit,spec_bench_copy \
+     --methods plain,ngram,retrieval,auto,fusion-auto) &
   wait
 fi
 if [ "$phase" = start ]; then
   echo "===== start summary ($tag)"
   cat "$out/lanes-$tag.txt"
   grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
-  cat "$out/exact-probe-$tag.txt" | grep -E "exact-probe|Error" | cut -c1-200
-  grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
-  tail -n 2 "$out/train-profile-16-$tag.txt" | cut -c1-300
+  grep -hE "^FAILED|^E  " "$out"/exact-*-"$tag".txt | head -12 | cut -c1-260
+  grep -E "exact-probe|Error" "$out/exact-probe-$tag.txt" 2>/dev/null | cut -c1-200
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
-  tail -n 40 "$out/e2e-exact-bf16-$tag.txt" | cut -c1-200
+  tail -n 40 "$out"/e2e-*-"$tag".txt | cut -c1-200
   echo "----- scale pair so far"
   tail -n 6 "$keep/scale/scale-pair.log" | cut -c1-300
   exit 0
@@ -89,7 +97,7 @@ grep -E "^\[scale-pair\]" "$keep/scale/scale-pair.log" | tail -6 | cut -c1-400
 pair="$keep/scale/pair"
 dtype=${DTYPE:-bfloat16}  # exact in bf16 since the walk and counter fixes (BENCHMARKS section 0)
 scale=(--target "$pair/scale-target" --draft "$pair/scale-draft" --treeflash "$pair/scale-treeflash" --dtype "$dtype")
-secs=${E2E_S:-400}
+secs=${E2E_S:-330}
 merge_sets() {  # the per-set records as one: OUT/e2e-scale-TAG.json (the trees issue's record name)
   local sets=()
   for set in humaneval in_domain mt_bench; do
@@ -113,21 +121,25 @@ if [ "$n_gpu" -lt 4 ]; then  # two lanes: the three sets at T=0 and T=1, then th
   exit 0
 fi
 project() {  # project GPU METHOD TREE: the scale pair's HumanEval acceptance by depth of METHOD replayed at the 2.7B
-  # shape, batch 1 and 16 (the oracle's costs; the drafter's own cost left out): OUT/projection-METHOD-TAG.json
-  CUDA_VISIBLE_DEVICES=$1 timeout "${PROJECT_S:-150}" python3 -m stree.cli bench batch --skip-pair \
-    --oracle-shape 2.7b --oracle-accept "$out/e2e-scale-humaneval-$tag.json:$2" --oracle-tree "$3" \
+  # shape, batch 1 and 16 (the oracle's costs; the drafter's own cost left out): OUT/projection-METHOD-TAG.json.
+  # TREE must be deeper than METHOD's deepest accepted level (chain:4 accepts 4 levels, beam:5x4 five).
+  local rec="$out/e2e-scale-humaneval-$tag.json"
+  for _ in $(seq 1 120); do [ -f "$rec" ] && break; sleep 2; done  # the HumanEval lane writes it
+  CUDA_VISIBLE_DEVICES=$1 timeout "${PROJECT_S:-200}" python3 -m stree.cli bench batch --skip-pair \
+    --oracle-shape 2.7b --oracle-accept "$rec:$2" --oracle-tree "$3" \
     --batch-sizes 1,16 --out "$out/projection-$2-$tag.json" > "$out/projection-$2-$tag.txt" 2>&1
 }
-k=0
-for set in humaneval in_domain mt_bench; do
-  (e2e $k "$secs" "e2e-scale-$set-$tag" "${scale[@]}" --prompt-sets $set --temperatures 0,1 \
-     --methods plain,mamba_ssm,chain,static,beam,treeflash,auto
-   [ $set = humaneval ] && project 0 chain static:2,2,1,1,1 && project 0 beam static:2,2,1,1,1) &
-  k=$((k + 1))
-done
-(e2e 3 "$secs" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
-   --methods plain,ngram,retrieval,beam,ngram-tree,fusion-ngram,fusion-auto
- CUDA_VISIBLE_DEVICES=3 timeout "${BATCH_S:-200}" python3 -m stree.cli bench batch --target "$pair/scale-target" \
+# four lanes of about 7 minutes each once the pair is trained: a prompt set each on GPUs 0-2, then a projection
+# (GPUs 0, 1) or the copy-heavy lookup sets (GPU 2); the batch table alone on GPU 3
+methods=plain,mamba_ssm,chain,static,beam,treeflash,auto,ngram,retrieval
+(e2e 0 "$secs" "e2e-scale-humaneval-$tag" "${scale[@]}" --prompt-sets humaneval --temperatures 0,1 --methods $methods
+ project 0 chain static:2,2,1,1,1) &
+(e2e 1 "$secs" "e2e-scale-in_domain-$tag" "${scale[@]}" --prompt-sets in_domain --temperatures 0,1 --methods $methods
+ project 1 beam static:2,2,1,1,1,1) &
+(e2e 2 "$secs" "e2e-scale-mt_bench-$tag" "${scale[@]}" --prompt-sets mt_bench --temperatures 0,1 --methods $methods
+ e2e 2 "${LOOKUP_S:-280}" "e2e-lookup-$tag" "${scale[@]}" --prompt-sets code_edit,spec_bench_copy --temperatures 0 \
+   --methods plain,ngram,retrieval,auto,beam,ngram-tree,fusion-ngram,fusion-auto) &
+(CUDA_VISIBLE_DEVICES=3 timeout "${BATCH_S:-450}" python3 -m stree.cli bench batch --target "$pair/scale-target" \
    --draft "$pair/scale-draft" --dtype "$dtype" --batch-sizes 1,4,16,64 --temperatures 0,1 --repeats 2 \
    --data-dir .data --out "$out/batch-scale-$tag.json" > "$out/batch-scale-$tag.txt" 2>&1) &
 wait

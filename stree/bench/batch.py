@@ -86,6 +86,13 @@ def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: flo
     return call.result()
 
 
+def pair_name(target) -> str:
+    """A pair's row label: ``demo-pair`` for the demo checkpoints, else the target folder's (or Hub id's) name."""
+    from stree.bench.common import DEMO_TARGET
+
+    return "demo-pair" if str(target) == str(DEMO_TARGET) else Path(str(target)).name
+
+
 def pair_rows(args, device, dtype) -> list[dict]:
     target = load_model(args.target, device=device, dtype=dtype)
     draft = load_model(args.draft, device=device, dtype=dtype)
@@ -112,7 +119,7 @@ def pair_rows(args, device, dtype) -> list[dict]:
             for (name, hold), call in calls.items():
                 res = call.result()
                 outs = res.pop("outputs")
-                row = dict(target="demo-pair", method=name, batch=b, temperature=temp,
+                row = dict(target=pair_name(args.target), method=name, batch=b, temperature=temp,
                            admit_hold_steps=ADMIT_HOLD_STEPS if hold is None else hold, **res)
                 if name == "plain":
                     plain, plain_outs = row, outs

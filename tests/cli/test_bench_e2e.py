@@ -132,6 +132,10 @@ def test_batch_bench_pair_rows_per_admission_hold(tmp_path, jsonl_files):
     assert [(r["method"], r["admit_hold_steps"]) for r in rows] == [
         ("plain", ADMIT_HOLD_STEPS), ("auto", 0), ("auto", 8), ("beam", 0), ("beam", 8)]
     assert all(r["output_equals_plain_greedy"] for r in rows[1:])
+    assert {r["target"] for r in rows} == {"demo-pair"}
+    from stree.bench.batch import pair_name
+
+    assert pair_name("/tmp/lease/pair/scale-target") == "scale-target"  # another pair's rows name its target
     # each run's steps per shape beside the median run's metrics (one run here): plain rows ran plain steps only
     assert all(len(r["engine_runs"]) == 1 for r in rows)
     plain_run = rows[0]["engine_runs"][0]

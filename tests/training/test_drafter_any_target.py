@@ -1,6 +1,7 @@
 """``stree train drafter`` on a tiny Hugging Face hybrid (Bamba: Mamba2 + attention, an MLP after every mixer)
 with a BPE tokenizer in its folder: the distilled Mamba2 drafter gets more tokens accepted than an untrained one,
-and it and a distilled TreeFlash head plug into ``stree generate --draft-model`` with output equal to plain greedy.
+and it and a distilled TreeFlash head plug into ``stree generate --draft-model`` with output equal to plain greedy,
+the Mamba2 drafter into a live server (``stree serve --draft-model``) too.
 
 The random target's greedy text is far from the corpus, so the drafter learns from the target's own samples
 (``--data generated``); the lm_head is scaled up so the target's distribution is not near uniform.
@@ -89,6 +90,30 @@ def test_distilled_mamba_drafter_accepts_more_and_plugs_into_generate(hf_target,
     spec = _generate_ids(capsys, [str(target_dir), *prompt, "--draft-model", str(out), "--drafter", "mamba",
                                   "--tree", "beam:3x2"])
     assert spec == plain
+    served = _served_text(target_dir, draft, PROMPTS[1])
+    assert served and served == _served_text(target_dir, None, PROMPTS[1])
+
+
+def _served_text(target_dir, draft, prompt: str) -> str:
+    """Greedy text of ``prompt`` from a live server (OpenAI HTTP) of the target, speculating with ``draft``
+    (``stree serve --draft-model``'s drafter) or, with None, decoding plainly."""
+    import httpx
+
+    from stree.proto.rpc import shared_loop
+    from stree.verifier.service.server import EmbeddedDrafters, GenerationServer
+
+    drafters = EmbeddedDrafters("mamba", draft_model=draft) if draft is not None else EmbeddedDrafters("none")
+    server = GenerationServer(load_model(target_dir, dtype=torch.float32), load_tokenizer(target_dir), drafters,
+                              http_port=0, model_name="hf-hybrid")
+    loop = shared_loop()
+    loop.run(server.start())
+    try:
+        reply = httpx.post(f"http://{server.http.address}/v1/completions", timeout=120,
+                           json={"model": "hf-hybrid", "prompt": prompt, "max_tokens": 24, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["text"]
+    finally:
+        loop.run(server.stop(0), 30)
 
 
 def test_treeflash_head_for_an_hf_target_plugs_into_generate(hf_target, capsys):
