@@ -7,11 +7,8 @@
 # Outputs in OUT_DIR; a short table prints last. Usage (repo root): bench/exact_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
 source bench/gpu_start.sh "$@"
-tests() {  # tests GPU SECONDS K-EXPRESSION: one selection of the exact engine tests, its verdict in lanes-TAG.txt
-  local name="engine-$(echo "$3" | tr -c 'a-z0-9\n' '_')"
-  CUDA_VISIBLE_DEVICES=$1 timeout "$2" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
-    tests/gpu/test_exact_engine_gpu.py -k "$3" > "$out/$name-$tag.txt" 2>&1
-  echo "$3 rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
+tests() {  # tests GPU SECONDS K-EXPRESSION: one selection of the exact engine tests (gpu_tests)
+  gpu_tests "$1" "$2" tests/gpu/test_exact_engine_gpu.py "$3"
 }
 (CUDA_VISIBLE_DEVICES=0 timeout 150 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
  tests 0 90 "every_drafter and mamba2 and dtype0"
@@ -27,7 +24,7 @@ tests() {  # tests GPU SECONDS K-EXPRESSION: one selection of the exact engine t
 wait
 echo "===== exact summary ($tag)"
 cat "$out/lanes-$tag.txt"
-grep -hE "^FAILED|^E  .*assert|^E  +\[|^E  +AssertionError" "$out"/engine-*-"$tag".txt | head -20 | cut -c1-300
+grep -hE "^FAILED|^E  .*assert|^E  +\[|^E  +AssertionError" "$out"/test_exact_engine_gpu-*-"$tag".txt | head -20 | cut -c1-300
 grep -E "exact-probe|Error" "$out/exact-probe-$tag.txt" | cut -c1-300
 grep -A30 "kernels of one step" "$out/train-profile-$tag.txt" | cut -c1-170
 tail -n 4 "$out/train-profile-compile-$tag.txt" | cut -c1-300

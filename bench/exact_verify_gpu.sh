@@ -6,19 +6,13 @@
 # Usage (repo root): bench/exact_verify_gpu.sh OUT_DIR [TAG]
 set -uo pipefail
 source bench/gpu_start.sh "$@"
-tests() {  # tests GPU SECONDS FILE K-EXPRESSION: one selection, its verdict in lanes-TAG.txt
-  local name="$(basename "$3" .py)-$(echo "$4" | tr -c 'a-z0-9\n' '_')"
-  CUDA_VISIBLE_DEVICES=$1 timeout "$2" python3 -m pytest -q -p no:cacheprovider --tb=short -rf "$3" -k "$4" \
-    > "$out/$name-$tag.txt" 2>&1
-  echo "$3 -k '$4' rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
-}
 lane() {  # lane GPU SELECTIONS: the selections one after another on one GPU
   local gpu=$1 sel
   IFS=';' read -ra sels <<< "$2"
-  for sel in "${sels[@]}"; do tests "$gpu" "${SEL_S:-130}" tests/gpu/test_exact_engine_gpu.py "$sel"; done
+  for sel in "${sels[@]}"; do gpu_tests "$gpu" "${SEL_S:-130}" tests/gpu/test_exact_engine_gpu.py "$sel"; done
 }
 (if [ "${PROBE:-1}" = 1 ]; then
-   tests 0 40 tests/gpu/test_cuda_graph_counters_gpu.py ""
+   gpu_tests 0 40 tests/gpu/test_cuda_graph_counters_gpu.py
    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/exact_probe.py > "$out/exact-probe-$tag.txt" 2>&1
  fi
  lane 0 "${LANE0:-every_drafter and dtype0;request_alone}") &

@@ -52,15 +52,9 @@ if [ "$phase" = start ] && [ "$n_gpu" -lt 4 ]; then
   e2e 0 170 "e2e-exact-bf16-$tag" --dtype bfloat16 --temperatures 0 \
     --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain --methods plain,chain,static,beam,treeflash,auto,ngram
 elif [ "$phase" = start ]; then  # 4 GPUs: what the 2-GPU sessions left unfinished beside the training
-  exact_sel() {  # exact_sel GPU SECONDS K-EXPRESSION: one selection of the exact engine GPU tests
-    local name="exact-$(echo "$3" | tr -c 'a-z0-9\n' '_')"
-    CUDA_VISIBLE_DEVICES=$1 timeout "$2" python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
-      tests/gpu/test_exact_engine_gpu.py -k "$3" > "$out/$name-$tag.txt" 2>&1
-    echo "$name rc=$? $(grep -E '[0-9]+ (passed|failed|error)' "$out/$name-$tag.txt" | tail -1)" >> "$out/lanes-$tag.txt"
-  }
-  (exact_sel 0 "${SEL_S:-250}" "every_drafter and hybrid and dtype1"
+  (gpu_tests 0 "${SEL_S:-250}" tests/gpu/test_exact_engine_gpu.py "every_drafter and hybrid and dtype1"
    numerics_lane 0) &
-  (exact_sel 1 "${SEL_S:-250}" "hf_family"
+  (gpu_tests 1 "${SEL_S:-250}" tests/gpu/test_exact_engine_gpu.py "hf_family"
    e2e 1 "${LOOKUP_S:-230}" "e2e-lookup-demo-$tag" --dtype bfloat16 --temperatures 0 \
      --prompt-sets humaneval,mt_bench,gsm8k,spec_bench,in_domain,code_edit,spec_bench_copy \
      --methods plain,ngram,retrieval,auto,fusion-auto) &
@@ -69,8 +63,7 @@ fi
 if [ "$phase" = start ]; then
   echo "===== start summary ($tag)"
   cat "$out/lanes-$tag.txt"
-  grep -E "^FAILED|^ERROR" "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
-  grep -hE "^FAILED|^E  " "$out"/exact-*-"$tag".txt | head -12 | cut -c1-260
+  grep -hE "^FAILED|^ERROR|^E  " "$out"/test_*-"$tag".txt | head -12 | cut -c1-260
   grep -E "exact-probe|Error" "$out/exact-probe-$tag.txt" 2>/dev/null | cut -c1-200
   tail -n 22 "$out/numerics-$tag.txt" | cut -c1-200
   tail -n 40 "$out"/e2e-*-"$tag".txt | cut -c1-200

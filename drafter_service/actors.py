@@ -51,8 +51,6 @@ OK, INVALID, FAILED, LOST, DONE = (ReplicaStatus.OK, ReplicaStatus.INVALID, Repl
 DEVICES = ("auto", "cpu", "cuda")
 """Where a replica's model drafter runs: ``auto`` on the GPU Ray assigned it if any, else the CPU; ``cuda`` requires
 one (the replica refuses to start without it); ``cpu`` never asks for one."""
-DTYPES = ("float32", "bfloat16", "float16")
-"""A model drafter's weights (None: the checkpoint's own)."""
 
 
 def gpu_ids() -> list[str]:
@@ -83,13 +81,6 @@ def device_for_this_process(device: str = "auto") -> str:
     return "cuda" if usable else "cpu"
 
 
-def check_dtype(dtype: str) -> str:
-    """``dtype`` when it names one of ``DTYPES``, else ``ValueError`` naming the choices."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return dtype
-
-
 @dataclass
 class HostedSession:
     """A session on a replica: the plugin's session, the context length it holds, and drafting ahead of it."""
@@ -113,12 +104,10 @@ class DrafterReplica:
         opts = dict(options or {})
         draft_model = opts.get("draft_model")
         if isinstance(draft_model, (str, os.PathLike)):
-            import torch
-
             from stree.verifier.model.checkpoint import load_draft_model
+            from stree.verifier.model.lm import weights_dtype
 
-            weights = getattr(torch, check_dtype(dtype)) if dtype else None
-            opts["draft_model"] = load_draft_model(draft_model, device=self.device, dtype=weights)
+            opts["draft_model"] = load_draft_model(draft_model, device=self.device, dtype=weights_dtype(dtype))
         self.drafter = factory(**filter_options(factory, opts))
         self.sessions: dict[str, HostedSession] = {}
 
@@ -341,13 +330,14 @@ class PoolConfig:
     resources: dict = field(default_factory=dict)  # custom Ray resources per replica (pins them to nodes)
     ready_timeout_s: float = 120.0
     device: str = "auto"  # where model drafters run (``DEVICES``): auto uses GPUs when the cluster has them
-    dtype: Optional[str] = None  # model drafters' weights (``DTYPES``); None keeps each checkpoint's
+    dtype: Optional[str] = None  # model drafters' weights (a name in ``lm.DTYPES``); None keeps each checkpoint's
 
     def __post_init__(self):
+        from stree.verifier.model.lm import weights_dtype
+
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.dtype is not None:
-            check_dtype(self.dtype)
+        weights_dtype(self.dtype)  # a name it does not know is refused here, not in every replica
         if not 0 <= self.num_gpus:
             raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus}")
         if self.device == "cuda" and self.num_gpus <= 0:

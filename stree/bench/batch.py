@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from stree.bench.common import add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta, report
+from stree.bench.common import (DEMO_TARGET, add_device_args, add_pair_args, cuda_sync, device_and_dtype, record_meta,
+                                report)
 from stree.bench.oracle import SHAPES, make_target
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.drafter_service.drafters.oracle_device import OracleDeviceDrafter
@@ -88,8 +89,6 @@ def timed(model, prompts, drafter, batch: int, new_tokens: int, temperature: flo
 
 def pair_name(target) -> str:
     """A pair's row label: ``demo-pair`` for the demo checkpoints, else the target folder's (or Hub id's) name."""
-    from stree.bench.common import DEMO_TARGET
-
     return "demo-pair" if str(target) == str(DEMO_TARGET) else Path(str(target)).name
 
 

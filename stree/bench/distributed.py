@@ -33,6 +33,7 @@ import torch
 from stree.bench.prompt_sets import PROMPT_SETS, load_prompt_set
 from stree.bench.rpc import _free_port, start_service, stop_service
 from stree.bench.scale_pair import card_name
+from stree.verifier.model.lm import DTYPES
 
 SERVE_APP = """
 import signal, sys, threading
@@ -223,7 +224,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="checkpoints/demo-target", help="folder or Hub id")
     p.add_argument("--draft", default="checkpoints/demo-draft", help="the remote drafter's model")
     p.add_argument("--tree", default="chain:4", help="the drafter's tree (both paths)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="weights of the target, the drafter (both paths) and the Serve replicas")
     p.add_argument("--prompt-set", default="humaneval", choices=list(PROMPT_SETS))
     p.add_argument("--prompt-file", default=None, help="jsonl file of --prompt-set")

@@ -7,6 +7,7 @@ import json
 import logging
 
 from stree.verifier.model.hub import model_folder_arg
+from stree.verifier.model.lm import DTYPES
 
 
 def parse_options(items: list[str]) -> dict[str, dict]:
@@ -79,7 +80,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where model drafters run: auto (a GPU when the cluster has one, else the CPU), cpu, or cuda "
                         "(a replica without a GPU refuses to start)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=list(DTYPES),
                    help="model drafters' weights (default: each checkpoint's own dtype)")
     p.add_argument("--replica-resources", default="{}", metavar="JSON",
                    help='custom Ray resources each replica needs, e.g. \'{"stree_drafter": 1}\' to keep replicas '

@@ -13,14 +13,13 @@ from stree.protocols.tree_shape import SHAPE_HELP
 from stree.protocols.drafter import DraftBudget
 
 from stree.verifier.model.checkpoint import load_draft_model, load_model
-from stree.verifier.model.lm import SSM_CACHE_DTYPES
+from stree.verifier.model.lm import DTYPES, SSM_CACHE_DTYPES
 from stree.protocols.drafter import DEFAULT_BUDGET
 from stree.verifier.decode.loop import generate
 from stree.verifier.model.generation_settings import load_generation_settings
 from stree.verifier.model.hub import model_folder_arg
 from stree.verifier.model.treeflash import TreeFlashNet
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_prompt_ids(text: str) -> list[int]:

@@ -17,9 +17,8 @@ from stree.cli.drafter_service import options_function, parse_options
 from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS
 from stree.verifier.model.hub import ModelFolder, model_folder_arg
-from stree.verifier.model.lm import SSM_CACHE_DTYPES
+from stree.verifier.model.lm import DTYPES, SSM_CACHE_DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_server(args):

@@ -52,7 +52,7 @@ def test_the_slowest_sequence_decides_when_the_batch_drains():
     assert not draft_finishes_later([], [], 2.0, 1.0)
 
 
-# the scale pair's chain:4 acceptance on HumanEval (results/projection-chain-h100-20261127.json): P(depth >= d)
+# a chain:4's acceptance by depth on code prompts, as a trained 314M-parameter pair accepted it: P(depth >= d)
 CHAIN_RATES = (0.541, 0.288, 0.198, 0.156)
 
 

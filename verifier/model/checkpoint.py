@@ -22,7 +22,7 @@ from stree.verifier.model.hf import mambainllama
 from stree.verifier.model.hf.fields import CheckpointWarning
 from stree.verifier.model.hf.registry import resolve
 from stree.verifier.model.hub import resolve_model_dir
-from stree.verifier.model.lm import StreeLM
+from stree.verifier.model.lm import DTYPES, StreeLM
 from stree.verifier.model.tokenizer import TOKENIZER_FILE, load_tokenizer, make_tokenizer
 from stree.verifier.model.treeflash import TreeFlashNet, is_treeflash_checkpoint, load_treeflash
 
@@ -107,10 +107,9 @@ def _read_sharded(index: Path) -> dict:
 def config_dtype(data: dict) -> torch.dtype:
     """The checkpoint's ``torch_dtype`` (or ``dtype``) as a torch dtype; float32 when absent."""
     name = data.get("torch_dtype", data.get("dtype")) or "float32"
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"config: torch_dtype {name!r} is not supported (one of {sorted(dtypes)})")
-    return dtypes[name]
+    if name not in DTYPES:
+        raise ValueError(f"config: torch_dtype {name!r} is not supported (one of {sorted(DTYPES)})")
+    return DTYPES[name]
 
 
 def load_draft_model(path: str | os.PathLike, device="cpu", dtype: torch.dtype | None = None,

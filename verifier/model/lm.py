@@ -220,8 +220,19 @@ class TrimmedHead:
         return out
 
 
-_SSM_CACHE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SSM_CACHE_DTYPES = (*_SSM_CACHE, "auto")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The floating dtypes a model's weights load in and its SSM state takes, by name."""
+SSM_CACHE_DTYPES = (*DTYPES, "auto")
+
+
+def weights_dtype(name: str | None) -> torch.dtype | None:
+    """The dtype ``name`` names in ``DTYPES`` (None stays None: the checkpoint's own); ``ValueError`` naming the
+    choices otherwise."""
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
 
 
 @dataclass
@@ -245,8 +256,8 @@ class StreeLM(WeightsHome, nn.Module):
 
     def set_mamba_ssm_cache_dtype(self, name: str | torch.dtype) -> None:
         """``float32``, ``bfloat16``, ``float16`` or ``auto`` (the model's dtype), for states made afterwards."""
-        dtype = ({**_SSM_CACHE, "auto": self.dtype}.get(name) if isinstance(name, str) else name)
-        if dtype not in _SSM_CACHE.values():
+        dtype = ({**DTYPES, "auto": self.dtype}.get(name) if isinstance(name, str) else name)
+        if dtype not in DTYPES.values():
             raise ValueError(f"mamba_ssm_cache_dtype must be one of {', '.join(SSM_CACHE_DTYPES)}; got {name!r}")
         self.mamba_ssm_cache_dtype = dtype
 

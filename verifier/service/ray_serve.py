@@ -15,7 +15,6 @@ from typing import Optional
 from ray import serve
 
 REPLICA_HEADER = b"x-stree-replica"
-SERVE_DTYPES = ("float32", "bfloat16", "float16")  # a replica's weights (``dtype=``; None keeps the checkpoint's)
 
 
 def _with_replica_header(app, replica: str):
@@ -56,6 +55,7 @@ class VerifierReplica:
 
         from stree.verifier.model.checkpoint import load_model
         from stree.verifier.model.hub import ModelFolder, resolve_model_dir
+        from stree.verifier.model.lm import weights_dtype
         from stree.verifier.model.tokenizer import eos_token_id, load_tokenizer
         from stree.verifier.service.chat_template import ChatTemplate
         from stree.verifier.service.core import ServerLimits, ServingCore
@@ -64,9 +64,7 @@ class VerifierReplica:
         from stree.verifier.service.openai_api import OpenAIApp
 
         check_draft_ahead(drafter, draft_ahead)
-        if dtype is not None and dtype not in SERVE_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {dtype!r}")
-        weights = getattr(torch, dtype) if dtype else None  # None: the checkpoint's own dtype
+        weights = weights_dtype(dtype)  # None: the checkpoint's own dtype
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model_dir = ModelFolder(resolve_model_dir(model_dir), model_dir)  # a folder or a Hugging Face Hub id
         model = load_model(model_dir, device=device, dtype=weights)
@@ -105,8 +103,9 @@ def app_builder(args: dict):
     replicas = int(args.pop("num_replicas", 1))
     gpus = float(args.pop("gpus_per_replica", 1.0))
     limits = args.pop("limits", None)
-    if args.get("dtype") is not None and args["dtype"] not in SERVE_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(SERVE_DTYPES)}, got {args['dtype']!r}")
+    from stree.verifier.model.lm import weights_dtype
+
+    weights_dtype(args.get("dtype"))  # a name it does not know is refused before any replica starts
     if "draft_ahead" in args:  # ``serve run ... draft_ahead=4`` passes text
         try:
             args["draft_ahead"] = int(args["draft_ahead"])
