@@ -8,7 +8,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from stree.kernels import backend, norm_linear, numerics
+from stree.kernels import backend, keyed_random, norm_linear, numerics
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
 from stree.kernels.linear import linear as fast_linear
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
@@ -30,6 +30,7 @@ _OPS = {
     "kv_commit": ("tree_attention:kv_commit_ref", "tree_attention_triton:kv_commit_triton"),
     "greedy_verify": ("greedy_verify:greedy_verify_ref", "greedy_verify_triton:greedy_verify_triton"),
     "sampled_verify": ("sampled_verify:sampled_verify_ref", "sampled_verify_triton:sampled_verify_triton"),
+    "keyed_uniform": ("keyed_random:keyed_uniform_ref", "keyed_random_triton:keyed_uniform_triton"),
     "rotary": ("rotary:rotary_ref", "rotary_triton:rotary_triton"),
     "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
     "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
@@ -172,6 +173,12 @@ def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
     if tokens.shape[1] > FUSED_MAX_NODES:
         op = _load(_OPS["greedy_verify"][0])
     return op(tokens, parents, valid, best, max_depth, max_width)
+
+
+def keyed_uniform(seed: torch.Tensor, step: torch.Tensor, lane: int, n: int) -> torch.Tensor:
+    """``[B, n]`` float32 uniforms in (0, 1) that depend only on each row's ``seed`` and ``step`` (``[B]`` int64),
+    ``lane`` and the index (``keyed_random``)."""
+    return get("keyed_uniform", seed.device)(keyed_random.row_keys(seed, step, lane), n)
 
 
 def sampled_verify(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,

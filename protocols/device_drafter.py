@@ -63,7 +63,6 @@ class DeviceDrafter(Protocol):
     observes_target: bool
     catches_up: bool
     follows_trees: bool
-    generator: Optional[torch.Generator]  # the engine's generator for sampled rows (None: the device's default)
 
     def supports(self, shape: TreeShape) -> bool:
         """Whether ``draft`` can lay out trees of ``shape``."""
@@ -131,7 +130,6 @@ class DeviceDrafterBase:
     observes_target = False
     catches_up = False
     follows_trees = False
-    generator: Optional[torch.Generator] = None
     _owner: Optional[object] = None
 
     def mutable(self) -> list[torch.Tensor]:

@@ -7,6 +7,7 @@ Lossless speculative sampling needs the draft and the target warped identically
 from __future__ import annotations
 
 import math
+import numbers
 
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -174,18 +175,40 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 class RowSampling:
     """Per-row sampling parameters of a batch as device tensors (the engine's slots), warped in one go.
 
-    ``temperature`` ``[B]`` (0 = greedy), ``top_k`` ``[B]`` (0 = off), ``top_p`` ``[B]`` (1 = off).
+    ``temperature`` ``[B]`` (0 = greedy), ``top_k`` ``[B]`` (0 = off), ``top_p`` ``[B]`` (1 = off). ``seed`` and
+    ``step`` (``[B]`` int64) key every random draw of a row: its request's seed and how many steps that request has
+    taken, so a request draws the same numbers whatever else shares the batch.
     """
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    seed: Optional[torch.Tensor] = None  # None: 0 in every row
+    step: Optional[torch.Tensor] = None  # None: 0 in every row
     filtered_rows: set = field(default_factory=set)  # host-side: rows given a top-k or top-p
+
+    def __post_init__(self):
+        rows, device = self.temperature.shape[0], self.temperature.device
+        self.seed = torch.zeros(rows, dtype=torch.long, device=device) if self.seed is None else self.seed
+        self.step = torch.zeros(rows, dtype=torch.long, device=device) if self.step is None else self.step
 
     @classmethod
     def greedy(cls, batch: int, device) -> "RowSampling":
         return cls(torch.zeros(batch, device=device), torch.zeros(batch, dtype=torch.long, device=device),
                    torch.ones(batch, device=device))
+
+    def start(self, row: int, seed: int) -> None:
+        """Key slot ``row``'s draws to a joining request's ``seed`` (any integer, taken modulo 2**64), from its
+        first step."""
+        if not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        value = int(seed) & (2**64 - 1)
+        self.seed[row] = value - 2**64 if value >= 2**63 else value
+        self.step[row] = 0
+
+    def advance(self) -> None:
+        """Every row has taken one more step (device code: part of each step's graph)."""
+        self.step.add_(1)
 
     def set_row(self, row: int, params: SamplingParams) -> None:
         """Give slot ``row`` the parameters of a joining request (in place: captured graphs see it)."""

@@ -17,6 +17,8 @@ from typing import Optional, Sequence
 import torch
 
 from stree.drafter_service.drafters.oracle import OracleDrafter
+from stree.kernels import ops
+from stree.kernels.keyed_random import DRAFT_LANE
 from stree.protocols.device_drafter import DeviceDraft, DeviceDrafterBase, DeviceOffer
 from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode
@@ -65,7 +67,6 @@ class OracleDeviceDrafter(DeviceDrafterBase):
                                  f"chances in [0, 1], got {rates}")
             self.rates = torch.tensor(rates, device=device)
         self.device = torch.device(device)
-        self.generator: Optional[torch.Generator] = None  # set by the engine; the oracle draws nothing
         self.continuations: dict[tuple, list[int]] = {}
         self.seq: Optional[torch.Tensor] = None  # [B, W] root token then the continuation, -1 past its end
         self.pos: Optional[torch.Tensor] = None  # [B] index in ``seq`` of each slot's current root
@@ -138,9 +139,10 @@ class OracleDeviceDrafter(DeviceDrafterBase):
     def step_roots(self, roots: torch.Tensor) -> None:
         self.pos += 1
 
-    def right_levels(self, batch: int) -> torch.Tensor:
-        """``[B, 1]``: how many levels of each row's draft are right, drawn from ``accept_rates``."""
-        u = torch.rand(batch, 1, device=self.device, generator=self.generator)
+    def right_levels(self, sampling: RowSampling) -> torch.Tensor:
+        """``[B, 1]``: how many levels of each row's draft are right, drawn from ``accept_rates`` (keyed by each
+        row's request seed and step, as every draw in a step is)."""
+        u = ops.keyed_uniform(sampling.seed, sampling.step, DRAFT_LANE, 1)
         return (u < self.rates[None, :]).sum(1, keepdim=True)
 
     def draft(self, shape: TreeShape, roots: torch.Tensor, sampling: RowSampling, any_sampled: bool) -> DeviceDraft:
@@ -149,7 +151,7 @@ class OracleDeviceDrafter(DeviceDrafterBase):
         depth, right_nodes, salt, parents = self._layout(shape, roots.shape[0])
         is_right = right_nodes[None, :]
         if self.rates is not None:
-            is_right = is_right & (depth[None, :] <= self.right_levels(roots.shape[0]))
+            is_right = is_right & (depth[None, :] <= self.right_levels(sampling))
         idx = (self.pos[:, None] + depth[None, :]).clamp(max=self.seq.shape[1] - 1)
         right = torch.gather(self.seq, 1, idx).clamp(min=0)  # [B, N] the continuation token at each depth
         wrong = (right + salt[None, :]) % self.vocab_size

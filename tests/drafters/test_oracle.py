@@ -122,9 +122,10 @@ def test_device_oracle_replays_recorded_acceptance_by_depth():
 
     rates = [0.9, 0.6, 0.35]
     oracle = OracleDeviceDrafter(50, 3, "chain:4", "cpu", accept_rates=rates)
-    oracle.generator = torch.Generator().manual_seed(0)
     rows = 20000
-    k = oracle.right_levels(rows)[:, 0]
+    sampling = RowSampling.greedy(rows, "cpu")
+    sampling.seed.copy_(torch.arange(rows) * 7919 + 3)  # rows of 20000 requests, each with its own seed
+    k = oracle.right_levels(sampling)[:, 0]
     for d, rate in enumerate(rates, start=1):
         seen = float((k >= d).float().mean())
         assert abs(seen - rate) < 5 * (rate * (1 - rate) / rows) ** 0.5, (d, seen, rate)

@@ -101,11 +101,12 @@ def test_sampled_output_has_the_target_distribution(small_pair, name, params):
 
 def _drafts(net, conditional, temperature, batch=3000, shape="static:3,2,1"):
     """``batch`` drafts from one fixed hidden state and root; returns (drafter, draft, block states)."""
-    drafter = TreeFlashDeviceDrafter(net, conditional, generator=torch.Generator().manual_seed(3))
+    drafter = TreeFlashDeviceDrafter(net, conditional)
     drafter.new_slots(batch, 16)
     drafter.observe_target(torch.randn(net.config.d_target).expand(batch, -1))
     sampling = RowSampling.greedy(batch, "cpu")
     sampling.temperature.fill_(temperature)
+    sampling.seed.copy_(torch.arange(batch) * 104729 + 3)  # each row a request of its own seed: independent draws
     roots = torch.full((batch,), 2, dtype=torch.long)
     draft = drafter.draft(TreeShape.parse(shape), roots, sampling, temperature > 0)
     return drafter, draft, net.depth_states(drafter.hidden, roots)

@@ -2,7 +2,8 @@
 token for every drafter and tree (chain, static, beam, dynamic, TreeFlash, n-gram) at batch 1, 3, 8 and 64, on pure
 Mamba2 and hybrid targets with random weights and no sharpening (near-ties everywhere), on a random Mamba2-2.7B-
 shape model (a few layers, and once all 64), and on one tiny model of every Hugging Face family; plain greedy output
-itself does not depend on the batch, and a request alone equals the same request inside a batch of 64 others."""
+itself does not depend on the batch, and a request alone equals the same request inside a batch of 64 others (at
+T > 0 too, with a seed per request)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,22 @@ def test_request_alone_equals_the_same_request_among_64_others(tiny, dtype):
     for name, opts in ((None, {}), ("mamba", dict(draft_model=draft, tree="beam:4x3"))):
         alone = greedy(target, [mine], 32, 1, name, graphs=True, **opts)[0]
         assert greedy(target, others[:20] + [mine] + others[20:], 32, 64, name, graphs=True, **opts)[20] == alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_seeded_sampled_request_alone_equals_it_among_64_others(tiny, dtype):
+    """T > 0 with a seed per request (draws keyed by seed and step, ``kernels.keyed_random``): the same tokens alone
+    and 21st in a batch of 64, plain and with a fixed beam tree, through the CUDA graphs."""
+    target, draft = tiny[("hybrid", dtype)], tiny[("draft", dtype)]
+    mine = random_prompts(1, target.vocab_size, seed=13)[0]
+    others = random_prompts(63, target.vocab_size, seed=14)
+    seeds = list(range(1000, 1020)) + [123] + list(range(2000, 2043))
+    sampled = dict(max_new_tokens=32, temperature=0.9, top_p=0.95, cuda_graphs=True)
+    for name, opts in ((None, {}), ("mamba", dict(draft_model=draft, tree="beam:4x3"))):
+        alone = stree.generate(target, [mine], drafter=name, max_batch=1, seed=[123], **sampled, **opts)[0]
+        batch = stree.generate(target, others[:20] + [mine] + others[20:], drafter=name, max_batch=64, seed=seeds,
+                               **sampled, **opts)
+        assert batch[20].token_ids == alone.token_ids, name
 
 
 @pytest.fixture(scope="module")

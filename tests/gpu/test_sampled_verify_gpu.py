@@ -149,3 +149,16 @@ def test_graphed_engine_samples_the_target_law(tmp_path, drafter, options):
         lambda ctx: warp_logits(target.score_sequence(torch.tensor(ctx, device="cuda"))[-1], params).double().cpu(),
         prompt, 2)
     assert_same_distribution([tuple(o.token_ids) for o in outs], law, ALPHA)
+
+
+def test_keyed_uniforms_on_the_gpu_equal_the_cpu_reference_bits():
+    """The Triton keyed-uniform kernel on CUDA gives the CPU reference's bits (int64 wrap-around, 32-bit masks)."""
+    from stree.kernels.keyed_random import DRAFT_LANE, keyed_uniform_ref, row_keys
+    from stree.kernels.keyed_random_triton import keyed_uniform_triton
+
+    seed = torch.tensor([0, -1, 2**62 + 5, 7, 123456789])
+    step = torch.tensor([0, 3, 9, 2**40, 77])
+    keys = row_keys(seed, step, DRAFT_LANE + 2)
+    want = keyed_uniform_ref(keys, 50280 * 3)
+    assert torch.equal(row_keys(seed.cuda(), step.cuda(), DRAFT_LANE + 2).cpu(), keys)
+    assert torch.equal(keyed_uniform_triton(keys.cuda(), 50280 * 3).cpu(), want)

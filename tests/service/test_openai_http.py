@@ -180,3 +180,37 @@ def test_sampled_rows_beside_greedy_rows_leave_greedy_exact(stack):
     for t in threads:
         t.join(300)
     assert errors == [] and got[0] == want and len(got) == 5
+
+
+def test_a_seeded_sampled_request_is_the_same_alone_or_among_others(stack):
+    """At T > 0 a request's draws are keyed by its seed and its own steps: sent alone, then again while eight others
+    of other seeds run beside it, it returns the same tokens (a server whose n-gram drafter has one fixed tree; one
+    that picks trees by goodput picks by batch). Choice i of ``n`` with seed s is the request of seed s + i; another
+    seed gives other tokens."""
+    fixed = EmbeddedDrafters("ngram", options={"lookup_tree": "lookup:trie:4x3"})
+    server = GenerationServer(stack.model, stack.tok, fixed, http_port=0, model_name="tiny",
+                              limits=ServerLimits(max_sessions=16, max_waiting=16, max_seq_len=512,
+                                                  max_streams_per_client=16, max_num_samples=3))
+    shared_loop().run(server.start())
+    try:
+        client = openai.OpenAI(base_url=f"http://{server.http.address}/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        ask = dict(model="tiny", max_tokens=N_NEW, temperature=1.5, top_p=0.97)
+        alone = client.completions.create(prompt="ABCABCAB", seed=77, **ask).choices[0].token_ids
+        results: dict = {}
+
+        def send(i: int) -> None:
+            prompt, seed = ("ABCABCAB", 77) if i == 4 else (f"XY{i}Z" * (i + 1), 1000 + i)
+            results[i] = client.completions.create(prompt=prompt, seed=seed, **ask).choices[0].token_ids
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results[4] == alone
+        choices = client.completions.create(prompt="ABCABCAB", seed=76, n=3, **ask).choices
+        assert [c.token_ids for c in sorted(choices, key=lambda c: c.index)][1] == alone
+        assert client.completions.create(prompt="ABCABCAB", seed=78, **ask).choices[0].token_ids != alone
+    finally:
+        shared_loop().run(server.stop(0), 30)

@@ -126,6 +126,25 @@ def test_request_alone_equals_the_same_request_in_a_batch(models, arch):
     assert alone == plain
 
 
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+def test_a_seeded_sampled_request_alone_equals_the_same_request_in_a_batch(models, arch):
+    """At T > 0 a request's draws are keyed by its own seed and steps: alone, or third among six others of their own
+    seeds, it gives the same tokens, plain and speculative (a fixed tree). Another seed gives other tokens, so the
+    check can fail."""
+    model, draft = models[arch], models["draft"]
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (int(n),), generator=g).tolist() for n in torch.randint(2, 20, (7,), generator=g)]
+    seeds = [int(s) for s in torch.randint(0, 2**40, (7,), generator=g)]
+    sampling = dict(temperature=1.3, top_p=0.95, max_new_tokens=16)
+    for drafter, opts in ((None, {}), ("mamba", {"draft_model": draft, "tree": "beam:3x2"}),
+                          ("mamba", {"draft_model": draft, "tree": "chain:3"})):
+        alone = stree.generate(model, prompts[2], drafter=drafter, seed=[seeds[2]], **sampling, **opts).token_ids
+        together = stree.generate(model, prompts, drafter=drafter, seed=seeds, **sampling, **opts)
+        assert together[2].token_ids == alone, (drafter, opts)
+        other = stree.generate(model, prompts[2], drafter=drafter, seed=[seeds[2] + 1], **sampling, **opts)
+        assert other.token_ids != alone, (drafter, opts)
+
+
 def test_a_gemm_rounding_by_row_count_breaks_the_check(models, monkeypatch):
     """Plant F.linear on the raw row count (a library GEMM: one row and many take different kernels) as the exact
     GEMM: some tree node's logits then differ from its decode steps."""

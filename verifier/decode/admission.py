@@ -140,7 +140,7 @@ class Admission:
                 drafter.observe_joined(hidden.get(j), i)
             program.roots[i] = req.prompt_ids[-1]
             req.root_token = req.prompt_ids[-1]
-            program.sampling.set_row(i, req.params)
+            program.start_row(i, req.params)
             req.admitted, req.prefill_s = True, seconds
         table.take([(i, group[j]) for j, i in zip(picked, taken)])
         return taken

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -131,15 +132,11 @@ class Engine:
         self.chooser.inherit(other.chooser)
 
     def reseed(self, seed: Optional[int]) -> None:
-        """Seed the draws of sampled rows; None: a fresh random seed. A seeded run is reproducible for the same
-        prompts in the same batch order."""
+        """Where requests that bring no seed of their own get one: drawn from ``seed`` (a seeded run is reproducible
+        for the same prompts in the same order), or from torch's global generator (None). A request's draws depend
+        only on its seed and its own steps."""
         seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
-        if self.cuda:
-            torch.cuda.manual_seed(seed)
-        else:
-            self.program.generator = torch.Generator().manual_seed(seed)
-        if self.drafter is not None:
-            self.drafter.drafter.generator = self.program.generator
+        self.program.seeds = random.Random(seed)
 
     # ----- requests ------------------------------------------------------------------------------------
     def add(self, request: Request) -> Request:

@@ -8,6 +8,8 @@ the host through a session per prompt, and the engine pads its trees into its st
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
@@ -39,7 +41,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    seed: Optional[int] = None,
+    seed: Union[None, int, Sequence[int]] = None,
     budget: Optional[DraftBudget] = None,
     stop_token_ids: Sequence[int] = (),
     tokenizer=None,
@@ -58,11 +60,16 @@ def generate(
     ``cuda_graphs=False``. With more prompts than slots, free slots may wait up to ``admit_hold_steps`` steps
     (default ``ADMIT_HOLD_STEPS``; 0: never) for running sequences about to finish, so that queued prompts share one
     prefill. ``pool``: where the engine is kept (default ``DEFAULT_POOL``).
+
+    ``seed`` keys every random draw of a request: one integer (each prompt draws its own seed from it, so a call is
+    reproducible), one integer per prompt (a request's tokens then depend only on its prompt and its seed: the same
+    alone or in any batch, for a fixed tree), or None (fresh seeds).
     """
     prompts, single = _as_prompts(prompt_ids)
     pool = pool or DEFAULT_POOL
     hold = ADMIT_HOLD_STEPS if admit_hold_steps is None else check_hold_steps(admit_hold_steps)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    seeds = request_seeds(seed, len(prompts))
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if draft_model is not None and draft_model.vocab_size != model.vocab_size:
         raise ValueError(
             f"draft model vocabulary ({draft_model.vocab_size}) differs from the target's ({model.vocab_size})"
@@ -79,14 +86,14 @@ def generate(
     longest = max(len(p) for p in prompts)
     engine = pool.engine_for(model, engine_drafter, shapes, min(max_batch, len(prompts)), longest + max_new_tokens,
                              cuda_graphs, budget)
-    engine.reseed(seed)
     engine.admission.hold_steps = hold
     stops = frozenset(int(t) for t in stop_token_ids)
     requests = []
     try:
-        for p, own in zip(prompts, session_seeds(seed, len(prompts))):  # each session draws on its own seed
-            session = built.open(list(p), replace(params, seed=own)) if engine_drafter == "host" else None
-            requests.append(Request(p, max_new_tokens, params, stops, drafter_session=session))
+        for p, own in zip(prompts, seeds):  # each request, and its drafter session, draws on its own seed
+            mine = replace(params, seed=own)
+            session = built.open(list(p), mine) if engine_drafter == "host" else None
+            requests.append(Request(p, max_new_tokens, mine, stops, drafter_session=session))
         engine.run(requests)
     finally:
         for r in requests:
@@ -104,6 +111,23 @@ def generate(
         text = tokenizer.decode(r.output) if tokenizer is not None else None
         results.append(GenerationResult(token_ids=r.output, stats=stats, text=text))
     return results[0] if single else results
+
+
+def request_seeds(seed: Union[None, int, Sequence[int]], count: int) -> list[int]:
+    """One seed per request: ``seed`` itself when it is a sequence (one per prompt), else ``count`` seeds drawn from
+    it (``session_seeds``: reproducible for an integer; for None, from torch's global generator, so a test seeded
+    there replays)."""
+    if seed is None:
+        return [int(s) for s in torch.randint(0, 2**62, (count,))]
+    if isinstance(seed, numbers.Integral):
+        return session_seeds(int(seed), count)
+    seeds = list(seed)
+    if not all(isinstance(s, numbers.Integral) for s in seeds):
+        raise ValueError(f"seed must be an integer or one integer per prompt, got {seed!r}")
+    seeds = [int(s) for s in seeds]
+    if len(seeds) != count:
+        raise ValueError(f"seed: {len(seeds)} seeds given for {count} prompts (give one integer, or one per prompt)")
+    return seeds
 
 
 def device_offer(drafter: Optional[Drafter], budget: DraftBudget) -> Optional[DeviceOffer]:

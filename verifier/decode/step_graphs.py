@@ -92,12 +92,10 @@ class StepGraphs:
 
     def _capture(self, fn: Callable[[], None], key: StepKey):
         saved = [t.clone() for t in self.mutable()]
-        rng = torch.cuda.get_rng_state(self.device)  # the warm-up runs draw samples: a seeded run must not see them
         try:
             graph, _ = capture_graph(fn, warmup=2)
             self.costs[key] = statistics.median(replay_ms(graph, 3)) / 1e3
         finally:  # also when the capture fails: the eager fallback must start from the same state
             for t, s in zip(self.mutable(), saved):
                 t.copy_(s)
-            torch.cuda.set_rng_state(rng, self.device)
         return graph

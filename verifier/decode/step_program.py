@@ -8,11 +8,15 @@ write their results back into them, so a graph captured once replays for any seq
 
 from __future__ import annotations
 
+import random
+
 from typing import Callable, Optional
 
 import torch
 from torch.profiler import record_function
 
+from stree.kernels import ops
+from stree.kernels.keyed_random import ACCEPT_LANE, BONUS_LANE
 from stree.protocols.sampling import RowSampling, SamplingParams
 from stree.protocols.token_tree import DraftMode, TreeBatch
 from stree.protocols.tree_layout import LayoutCache, fixed_parents
@@ -41,13 +45,19 @@ class StepProgram:
         self.out = torch.zeros(batch, out_width + 2, dtype=torch.long, device=dev)
         self.out_tokens, self.out_counts = self.out[:, : out_width + 1], self.out[:, out_width + 1]
         self.layouts = LayoutCache(batch, dev)
-        self.generator: Optional[torch.Generator] = None  # CPU draws (graph replays use the device's default)
+        self.seeds = random.Random(0)  # where a request that brings no seed gets one (the engine reseeds it)
         self.moved = False  # the last eagerly run body began to change state (before that, a failure loses nothing)
 
     def mutable(self) -> list[torch.Tensor]:
         """Every tensor a step advances: restored after a graph capture's warm-up runs."""
-        tensors = [self.roots, self.out] + self.state.tensors()
+        tensors = [self.roots, self.out, self.sampling.step] + self.state.tensors()
         return tensors + (self.drafter.mutable() if self.drafter is not None else [])
+
+    def start_row(self, row: int, params: SamplingParams) -> None:
+        """Give slot ``row`` a joining request's sampling: its parameters, and its seed (or a fresh one drawn from
+        ``seeds``) keying every draw of the row from its first step."""
+        self.sampling.set_row(row, params)
+        self.sampling.start(row, params.seed if params.seed is not None else self.seeds.getrandbits(63))
 
     def set_idle(self, idle: list[bool]) -> None:
         """Mark which slots hold no sequence; an idle slot's root is 0 (its rows compute, but on nothing of anyone's)."""
@@ -163,11 +173,13 @@ class StepProgram:
         return res
 
     def _verify(self, tokens, parents, valid, logits, mode, q, max_depth, max_width, sampled):
-        n = tokens.shape[1]
-        u = (torch.rand(2, self.batch, n, device=self.device, generator=self.generator) if sampled
-             else torch.zeros(2, self.batch, n, device=self.device))
-        return verify_batch(tokens, parents, valid, logits, self.sampling.temperature, *self.sampling.filters(),
-                            mode, q, u[0], u[1], max_depth=max_depth, max_width=max_width, sampling=sampled)
+        n, rows = tokens.shape[1], self.sampling
+        if sampled:  # keyed by each row's request and step alone: the same draws whatever shares the batch
+            u, bonus_u = (ops.keyed_uniform(rows.seed, rows.step, lane, n) for lane in (ACCEPT_LANE, BONUS_LANE))
+        else:
+            u = bonus_u = torch.zeros(self.batch, n, device=self.device)
+        return verify_batch(tokens, parents, valid, logits, rows.temperature, *rows.filters(),
+                            mode, q, u, bonus_u, max_depth=max_depth, max_width=max_width, sampling=sampled)
 
     def _finish(self, res, moved: bool, fed: bool) -> None:
         """Publish the step's tokens and next roots; rewind idle slots."""
@@ -176,6 +188,7 @@ class StepProgram:
         self.out_counts.copy_(res.num_out)
         self.roots.copy_(res.bonus)
         self.roots.masked_fill_(self.idle, 0)
+        self.sampling.advance()
         self.state.seqlen.masked_fill_(self.idle, 0)
         if self.drafter is not None:
             self.drafter.park(self.idle, moved, fed)

@@ -107,6 +107,15 @@ class Job:
     drafter: Optional[Drafter]
 
 
+def choice_job(job: Job, index: int) -> Job:
+    """Choice ``index`` of a request for several (OpenAI ``n``): with a seed ``s`` it draws as a request of seed
+    ``s + index`` alone would (choice 0 is the request itself); without one, each choice gets a fresh seed anyway."""
+    seed = job.spec.params.seed
+    if seed is None:
+        return job
+    return replace(job, spec=replace(job.spec, params=replace(job.spec.params, seed=seed + index)))
+
+
 @dataclass
 class Event(StreamChunk):
     """One streamed step (tokens, text, step stats), or the last one: ``finished`` with totals. A request the
@@ -234,7 +243,8 @@ class ServingCore:
         if job.drafter is None:
             return _RootOnly(job.prompt)
         budget = job.spec.budget or self.limits.budget
-        params = replace(job.spec.params, seed=session_seeds(None, 1)[0])  # never a seed other requests share
+        # a session of its own seed: drawn from the request's (reproducible) or fresh, never one others share
+        params = replace(job.spec.params, seed=session_seeds(job.spec.params.seed, 1)[0])
         try:
             if isinstance(job.drafter, RemoteDrafter):
                 return job.drafter.open(job.prompt, params, budget=budget)

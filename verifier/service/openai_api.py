@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from stree.protocols.request_limits import FieldError, shorten
 from stree.verifier.service.chat_template import ChatTemplate, ChatTemplateError
-from stree.verifier.service.core import DrafterBroken, Draining, GenSpec, ServingCore
+from stree.verifier.service.core import DrafterBroken, Draining, GenSpec, ServingCore, choice_job
 from stree.verifier.service.openai_schema import ApiRequest, parse
 from stree.verifier.service.scheduler import QueueFull
 
@@ -210,7 +210,7 @@ class OpenAIApp:
                        params=api.params, stops=api.stops, stop_ids=api.stop_ids, drafter=api.drafter,
                        ignore_eos=api.ignore_eos, prompt_field=field)
         job = await self.core.prepare(spec)
-        return [job] * api.n
+        return [job] + [choice_job(job, i) for i in range(1, api.n)]
 
     @staticmethod
     async def _collect(gen) -> dict:

@@ -80,14 +80,6 @@ class CompositeDeviceDrafter(DeviceDrafterBase):
             return model.kind in FUSED_MODEL_KINDS and self.model.supports(model) and self.lookup.supports(lookup)
         return (self.lookup if shape.source == "lookup" else self.model).supports(shape)
 
-    @property
-    def generator(self) -> Optional[torch.Generator]:
-        return self.model.generator
-
-    @generator.setter
-    def generator(self, value: Optional[torch.Generator]) -> None:
-        self.model.generator = value
-
     def supports(self, shape: TreeShape) -> bool:
         return shape in self.shapes
 

@@ -43,11 +43,10 @@ class DeviceTreeDrafter(DeviceDrafterBase):
     catches_up = True
     follows_trees = True
 
-    def __init__(self, model, head=None, generator: Optional[torch.Generator] = None,
+    def __init__(self, model, head=None,
                  chain_steps: Optional[bool] = None, beam_steps: Optional[bool] = None):
         self.model = model
         self.head = head  # VocabTrim: a trimmed LM head (logits -inf outside it)
-        self.generator = generator  # Gumbel noise of sampled rows (None: the device's default, graph-safe)
         self.state = None
         self.scratch = None  # chains by steps: the state the steps advance (a copy of ``state`` per draft)
         self.beam_scratch: dict = {}  # beams by steps: M -> two states of B x M rows (sequence b's beams at b*M..)
@@ -169,7 +168,7 @@ class DeviceTreeDrafter(DeviceDrafterBase):
             if any_sampled:
                 probs = sampling.warp(rows)
                 q[:, lo:hi] = probs
-            picks = pick_children(rows, probs, w, sampled, any_sampled, self.generator)  # [B, F, w]
+            picks = pick_children(rows, probs, w, sampled, any_sampled, sampling, d)  # [B, F, w]
             nxt = self.starts[d + 1]
             tokens[:, nxt: nxt + self.shape.level_sizes[d + 1]] = picks.reshape(b, -1)
         # a sampled child the draft gives no mass (support smaller than the width) could never be drawn

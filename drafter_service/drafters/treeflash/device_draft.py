@@ -29,10 +29,9 @@ class TreeFlashDeviceDrafter(DeviceDrafterBase):
     KINDS = ("chain", "static")
     observes_target = True
 
-    def __init__(self, net: TreeFlashNet, conditional: bool = True, generator: Optional[torch.Generator] = None):
+    def __init__(self, net: TreeFlashNet, conditional: bool = True):
         self.net = net
         self.conditional = conditional
-        self.generator = generator
         self.hidden: Optional[torch.Tensor] = None
         self._parents: dict = {}
 
@@ -105,6 +104,6 @@ class TreeFlashDeviceDrafter(DeviceDrafterBase):
             if any_sampled:
                 probs = sampling.warp(rows)
                 q[:, lo:hi] = probs
-            picks = pick_children(rows, probs, w, sampled, any_sampled, self.generator)
+            picks = pick_children(rows, probs, w, sampled, any_sampled, sampling, d)
             tokens[:, starts[d + 1]: starts[d + 1] + sizes[d + 1]] = picks.reshape(b, -1)
         return DeviceDraft(tokens, self._static_parents(shape, b), q, DraftMode.WITHOUT_REPLACEMENT)
