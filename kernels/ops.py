@@ -31,6 +31,7 @@ _OPS = {
     "greedy_verify": ("greedy_verify:greedy_verify_ref", "greedy_verify_triton:greedy_verify_triton"),
     "sampled_verify": ("sampled_verify:sampled_verify_ref", "sampled_verify_triton:sampled_verify_triton"),
     "keyed_uniform": ("keyed_random:keyed_uniform_ref", "keyed_random_triton:keyed_uniform_triton"),
+    "history_append": ("history_append:history_append_ref", "history_append_triton:history_append_triton"),
     "rotary": ("rotary:rotary_ref", "rotary_triton:rotary_triton"),
     "add_rmsnorm": ("norms:add_rmsnorm_ref", "norms_triton:add_rmsnorm_triton"),
     "gated_rmsnorm": ("norms:gated_rmsnorm_ref", "norms_triton:gated_rmsnorm_triton"),
@@ -179,6 +180,12 @@ def keyed_uniform(seed: torch.Tensor, step: torch.Tensor, lane: int, n: int) -> 
     """``[B, n]`` float32 uniforms in (0, 1) that depend only on each row's ``seed`` and ``step`` (``[B]`` int64),
     ``lane`` and the index (``keyed_random``)."""
     return get("keyed_uniform", seed.device)(keyed_random.row_keys(seed, step, lane), n)
+
+
+def history_append(buf, length, new, count, pad: int) -> None:
+    """In place: each slot's first ``count[b]`` tokens of ``new`` appended to its history (``history_append``);
+    ``count`` None: all of them."""
+    get("history_append", buf.device)(buf, length, new, count, pad)
 
 
 def sampled_verify(tokens, parents, valid, logits, temperature, top_k, top_p, mode, draft_probs, uniforms,

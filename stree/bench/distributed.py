@@ -115,7 +115,7 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
         stop_service(proc, 60)
     rows = [{"path": "plain", **p_row, "equals_plain_greedy": True},
             {"path": "in-process", **l_row, "equals_plain_greedy": local == plain},
-            {"path": "remote", **r_row, "equals_plain_greedy": far == plain},
+            {"path": "remote", **r_row, "equals_plain_greedy": far == plain, **wait_split(remote.totals)},
             {"path": "remote+ahead", **o_row, "equals_plain_greedy": overlapped == plain,
              "draft_ahead": args.draft_ahead, **overlap_counts(ahead.totals)}]
     del target, draft
@@ -124,6 +124,15 @@ def remote_drafting(args, prompts: list, gpus: int, logs: Path) -> dict:
     return {"rows": rows, "remote_step_overhead_ms": r_row["ms_per_step"] - l_row["ms_per_step"],
             "overlap_vs_sequential": (o_row["tokens_per_s"] / r_row["tokens_per_s"] if r_row["tokens_per_s"]
                                       else None)}
+
+
+def wait_split(totals) -> dict:
+    """Where a remote step's wait for its tree went, per tree that the verifier asked for and waited on: the wait
+    (``wait_ms_per_tree``) and the replica's drafting inside it (``replica_draft_ms_per_tree``); the rest is the
+    round trip (gRPC, the service, the Ray actor call)."""
+    waited = max(int(totals.get("waits", 0)), 1)
+    return {"wait_ms_per_tree": 1e3 * float(totals.get("wait_s", 0.0)) / waited,
+            "replica_draft_ms_per_tree": 1e3 * float(totals.get("replica_draft_s", 0.0)) / waited}
 
 
 def overlap_counts(totals) -> dict:
@@ -205,7 +214,10 @@ def run(args) -> int:
     for r in remote["rows"]:
         print(f"{r['path']:<14}{r['ms_per_step']:>9.2f}{r['tokens_per_s']:>9.1f}{r['mean_accepted_length']:>6.2f}"
               f"  {r['equals_plain_greedy']}")
-    print(f"remote step overhead: {remote['remote_step_overhead_ms']:.2f} ms")
+    far = remote["rows"][2]
+    print(f"remote step overhead: {remote['remote_step_overhead_ms']:.2f} ms; a step waits "
+          f"{far['wait_ms_per_tree']:.2f} ms for its tree, of which the replica drafts "
+          f"{far['replica_draft_ms_per_tree']:.2f}")
     ahead_row = remote["rows"][-1]
     ratio = remote["overlap_vs_sequential"]
     print(f"overlap_vs_sequential: {'null' if ratio is None else f'{ratio:.3f}'} (drafting {args.draft_ahead} ahead; "

@@ -102,3 +102,23 @@ def test_one_graph_lookup_step_equals_eager_step(targets, draft):
         reqs = engine.run([Request(p, max_new_tokens=40) for p in prompts])
         runs[graphs] = [r.output for r in reqs]
     assert runs[True] == runs[False]
+
+
+def test_history_append_kernel_on_cuda_equals_the_cpu_reference():
+    """The one-launch history append on CUDA leaves the CPU reference's buffer and lengths (roots and paths, full
+    slots included)."""
+    from stree.kernels.history_append import history_append_ref
+    from stree.kernels.history_append_triton import history_append_triton
+
+    g = torch.Generator().manual_seed(3)
+    buf = torch.randint(0, 50, (16, 3 + 40), generator=g)
+    buf[:, :3] = -1
+    length = torch.randint(0, 41, (16,), generator=g)
+    gpu_buf, gpu_len = buf.cuda(), length.cuda()
+    for step in range(50):
+        width = 1 if step % 2 else 9
+        new = torch.randint(0, 50, (16, width), generator=g)
+        count = None if width == 1 else torch.randint(0, 10, (16,), generator=g)
+        history_append_ref(buf, length, new, count, 3)
+        history_append_triton(gpu_buf, gpu_len, new.cuda(), None if count is None else count.cuda(), 3)
+        assert torch.equal(gpu_buf.cpu(), buf) and torch.equal(gpu_len.cpu(), length)

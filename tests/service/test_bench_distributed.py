@@ -28,5 +28,7 @@ def test_distributed_bench_record_on_the_cpu(tmp_path):
     assert rec["replica_scaling"] == {"1": 1.0}
     assert [r["path"] for r in rec["remote_rows"]] == ["plain", "in-process", "remote", "remote+ahead"]
     assert all(r["equals_plain_greedy"] for r in rec["remote_rows"])
+    remote = rec["remote_rows"][2]  # where the remote step's wait went: the replica's drafting is part of it
+    assert 0 < remote["replica_draft_ms_per_tree"] < remote["wait_ms_per_tree"]
     (row,) = rec["serve_rows"]
     assert (row["completed"], row["failed"]) == (20, 0)  # 20 streams of one client, above the default 16

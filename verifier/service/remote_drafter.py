@@ -197,7 +197,7 @@ class RemoteDrafterSession:
         self._ready = None  # a tree drafted ahead whose hypothesis came true: the next draft's
         self.stats = {"drafts": 0, "trees": 0, "timeouts": 0, "errors": 0, "stale": 0, "reconnects": 0, "prefetched": 0,
                       "prefetch_hits": 0, "ahead_trees": 0, "overlap_hits": 0, "overlap_late_hits": 0,
-                      "overlap_commits": 0}
+                      "overlap_commits": 0, "waits": 0, "wait_s": 0.0, "replica_draft_s": 0.0}
 
     # ----- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -434,6 +434,7 @@ class RemoteDrafterSession:
             self._send(req)
         elif fut.done():
             self.stats["prefetch_hits"] += 1
+        t0 = time.perf_counter()
         try:
             msg = fut.result(self.remote.deadline_s)
         except concurrent.futures.TimeoutError:
@@ -448,6 +449,9 @@ class RemoteDrafterSession:
             self.stats["errors"] += 1
             raise DraftUnavailable(f"malformed tree from the drafter service: {exc}") from None
         self.stats["trees"] += 1
+        self.stats["waits"] += 1
+        self.stats["wait_s"] += time.perf_counter() - t0  # the step waited this long for the tree
+        self.stats["replica_draft_s"] += msg.draft_seconds  # of which the replica drafted this long
         return tree
 
     def commit(self, tokens: Sequence[int]) -> None:

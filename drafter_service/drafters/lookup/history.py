@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from stree.kernels import ops
+
 NO_TOKEN = -1
 
 
@@ -47,24 +49,12 @@ class SlotHistory:
 
     def append(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
         """Append each slot's first ``count[b]`` tokens of ``tokens`` ``[B, L]`` (past the capacity: dropped)."""
-        steps = torch.arange(tokens.shape[1], device=tokens.device)
-        at = self.length[:, None] + steps[None, :]
-        keep = (steps[None, :] < count[:, None]) & (at < self.capacity)
-        # dropped columns write the token already there (the last column), so nothing moves
-        col = torch.where(keep, at, torch.full_like(at, self.capacity - 1)) + self.pad
-        old = self.tokens.gather(1, col)
-        self.tokens.scatter_(1, col, torch.where(keep, tokens, old))
-        self.length += count.clamp(min=0)
-        self.length.clamp_(max=self.capacity)
+        ops.history_append(self.tokens, self.length, tokens, count, self.pad)
 
     def append_roots(self, roots: torch.Tensor) -> None:
-        """``append(roots[:, None], ones)`` in 7 kernels instead of 15: a plain step's one token per slot, in every
-        plain step's graph while goodput control decodes plainly (a full slot drops it, as ``append`` does)."""
-        room = self.length < self.capacity
-        at = (self.length.clamp(max=self.capacity - 1) + self.pad)[:, None]
-        new = torch.where(room, roots, self.tokens.gather(1, at)[:, 0])
-        self.tokens.scatter_(1, at, new[:, None])
-        self.length += room
+        """``append(roots[:, None], ones)``: a plain step's one token per slot, in every plain step's graph while
+        goodput control decodes plainly (a full slot drops it, as ``append`` does)."""
+        ops.history_append(self.tokens, self.length, roots[:, None], None, self.pad)
 
     def put_roots(self, roots: torch.Tensor) -> None:
         """Write each slot's root at its length (not counted in): the draft's view of the whole sequence."""
