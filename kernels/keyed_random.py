@@ -8,7 +8,7 @@ them without any generator offset to track.
 
 The hash is Wellons' ``lowbias32`` (a 32-bit bijection with low bias), applied to 64-bit keys as two 32-bit words;
 all arithmetic is on non-negative int64 masked to 32 bits, so the CPU, CUDA and the Triton kernel
-(``keyed_random_triton``) give the same bits.
+(``keyed_random_triton``, which derives the keys in the kernel too) give the same bits.
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ DRAFT_LANE = 16
 """A device drafter's draws at draft level ``l`` use lane ``DRAFT_LANE + l``."""
 
 
+def mix32_int(x: int) -> int:
+    """``lowbias32`` of one Python integer in ``[0, 2**32)``."""
+    x ^= x >> 16
+    x = (x * MUL1) & MASK32
+    x ^= x >> 15
+    x = (x * MUL2) & MASK32
+    return x ^ (x >> 16)
+
+
 def mix32(x: torch.Tensor) -> torch.Tensor:
     """``lowbias32`` of int64 values in ``[0, 2**32)`` (the result is in the same range)."""
     x = x ^ (x >> 16)
@@ -36,28 +45,31 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def lane_words(lane: int) -> tuple[int, int]:
+    """The two words ``lane`` contributes to a key (host integers: nothing is copied to the device)."""
+    return mix32_int(lane & MASK32), mix32_int((lane ^ SALT) & MASK32)
+
+
 def row_keys(seed: torch.Tensor, step: torch.Tensor, lane: int) -> torch.Tensor:
     """``[B, 2]`` int64 key words of each row's draw in ``lane`` at its ``step`` (``seed``, ``step``: ``[B]`` int64).
 
     For one seed and lane, the first word is a bijection of the step, so a request never reuses a key."""
+    lane_a, lane_b = lane_words(lane)
     lo, hi = seed & MASK32, (seed >> 32) & MASK32
     step = step & MASK32
-    lane_a = mix32(torch.tensor(lane & MASK32, dtype=torch.long, device=seed.device))
-    lane_b = mix32(torch.tensor((lane ^ SALT) & MASK32, dtype=torch.long, device=seed.device))
-    a = mix32(lo ^ mix32(step ^ lane_a))
-    b = mix32(hi ^ mix32(step ^ lane_b))
-    return torch.stack([a, b], dim=-1)
+    return torch.stack([mix32(lo ^ mix32(step ^ lane_a)), mix32(hi ^ mix32(step ^ lane_b))], dim=-1)
 
 
 def to_uniform(h: torch.Tensor) -> torch.Tensor:
-    """32-bit hashes -> float32 uniforms strictly inside (0, 1): the top 24 bits, centred in their interval (exact in
-    float32, so every implementation rounds alike; ``log(u)`` and ``log(1 - u)`` are finite)."""
-    return ((h >> 8).to(torch.float32) + 0.5) * (2.0 ** -24)
+    """32-bit hashes -> float32 uniforms strictly inside (0, 1): the top 23 bits, centred in their interval. Every
+    value is exact in float32 (24 bits would need a 25th for the half), so every implementation gives the same bits,
+    and ``log(u)`` and ``log(1 - u)`` are finite."""
+    return ((h >> 9).to(torch.float32) + 0.5) * (2.0 ** -23)
 
 
-def keyed_uniform_ref(keys: torch.Tensor, n: int) -> torch.Tensor:
+def keyed_uniform_ref(seed: torch.Tensor, step: torch.Tensor, lane: int, n: int) -> torch.Tensor:
     """``[B, n]`` float32 uniforms: element ``i`` of row ``r`` is ``to_uniform(mix32(mix32(a ^ i) ^ b))`` with
-    ``(a, b) = keys[r]``."""
-    idx = torch.arange(int(n), device=keys.device, dtype=torch.long)
-    a, b = keys[:, :1], keys[:, 1:]
-    return to_uniform(mix32(mix32(a ^ idx) ^ b))
+    ``(a, b) = row_keys(seed, step, lane)[r]``."""
+    keys = row_keys(seed, step, lane)
+    idx = torch.arange(int(n), device=seed.device, dtype=torch.long)
+    return to_uniform(mix32(mix32(keys[:, :1] ^ idx) ^ keys[:, 1:]))

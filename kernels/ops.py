@@ -8,7 +8,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from stree.kernels import backend, keyed_random, norm_linear, numerics
+from stree.kernels import backend, norm_linear, numerics
 from stree.kernels.greedy_verify import FUSED_MAX_NODES
 from stree.kernels.linear import linear as fast_linear
 from stree.kernels.pointwise import FUSED_ACTIVATIONS
@@ -179,7 +179,7 @@ def greedy_verify(tokens, parents, valid, best, max_depth: int, max_width: int):
 def keyed_uniform(seed: torch.Tensor, step: torch.Tensor, lane: int, n: int) -> torch.Tensor:
     """``[B, n]`` float32 uniforms in (0, 1) that depend only on each row's ``seed`` and ``step`` (``[B]`` int64),
     ``lane`` and the index (``keyed_random``)."""
-    return get("keyed_uniform", seed.device)(keyed_random.row_keys(seed, step, lane), n)
+    return get("keyed_uniform", seed.device)(seed, step, lane, n)
 
 
 def history_append(buf, length, new, count, pad: int) -> None:

@@ -152,13 +152,22 @@ def test_graphed_engine_samples_the_target_law(tmp_path, drafter, options):
 
 
 def test_keyed_uniforms_on_the_gpu_equal_the_cpu_reference_bits():
-    """The Triton keyed-uniform kernel on CUDA gives the CPU reference's bits (int64 wrap-around, 32-bit masks)."""
-    from stree.kernels.keyed_random import DRAFT_LANE, keyed_uniform_ref, row_keys
+    """The Triton keyed-uniform kernel on CUDA, and the reference run on CUDA, give the CPU reference's bits (int64
+    wrap-around, 32-bit masks, the keys derived in the kernel), also inside a captured CUDA graph."""
+    from stree.kernels.keyed_random import DRAFT_LANE, keyed_uniform_ref
     from stree.kernels.keyed_random_triton import keyed_uniform_triton
 
     seed = torch.tensor([0, -1, 2**62 + 5, 7, 123456789])
     step = torch.tensor([0, 3, 9, 2**40, 77])
-    keys = row_keys(seed, step, DRAFT_LANE + 2)
-    want = keyed_uniform_ref(keys, 50280 * 3)
-    assert torch.equal(row_keys(seed.cuda(), step.cuda(), DRAFT_LANE + 2).cpu(), keys)
-    assert torch.equal(keyed_uniform_triton(keys.cuda(), 50280 * 3).cpu(), want)
+    n = 50280 * 3
+    want = keyed_uniform_ref(seed, step, DRAFT_LANE + 2, n)
+    seed_d, step_d = seed.cuda(), step.cuda()
+    assert torch.equal(keyed_uniform_ref(seed_d, step_d, DRAFT_LANE + 2, n).cpu(), want)
+    assert torch.equal(keyed_uniform_triton(seed_d, step_d, DRAFT_LANE + 2, n).cpu(), want)
+    keyed_uniform_triton(seed_d, step_d, DRAFT_LANE + 2, n)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = keyed_uniform_triton(seed_d, step_d, DRAFT_LANE + 2, n)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), want)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from stree.kernels import ops  # noqa: E402
 from stree.kernels.keyed_random import (ACCEPT_LANE, BONUS_LANE, DRAFT_LANE, keyed_uniform_ref, mix32,  # noqa: E402
-                                        row_keys)
+                                        mix32_int, row_keys)
 from stree.kernels.keyed_random_triton import keyed_uniform_triton  # noqa: E402
 from stree.protocols.sampling import RowSampling  # noqa: E402
 from stat_helpers import chisquare_pvalue  # noqa: E402
@@ -31,7 +31,7 @@ def _lowbias32(x: int) -> int:
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=50))
 @settings(max_examples=30, deadline=None)
 def test_mix32_is_lowbias32_on_every_32_bit_value(xs):
-    assert mix32(torch.tensor(xs)).tolist() == [_lowbias32(x) for x in xs]
+    assert mix32(torch.tensor(xs)).tolist() == [_lowbias32(x) for x in xs] == [mix32_int(x) for x in xs]
 
 
 @given(st.lists(st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(0, 2**40)), min_size=1, max_size=6),
@@ -40,10 +40,13 @@ def test_mix32_is_lowbias32_on_every_32_bit_value(xs):
 def test_triton_kernel_gives_the_reference_bits(rows, n, lane):
     seed = torch.tensor([r[0] for r in rows])
     step = torch.tensor([r[1] for r in rows])
-    keys = row_keys(seed, step, lane)
-    want = keyed_uniform_ref(keys, n)
-    assert torch.equal(keyed_uniform_triton(keys, n), want)
+    want = keyed_uniform_ref(seed, step, lane, n)
+    assert torch.equal(keyed_uniform_triton(seed, step, lane, n), want)
     assert bool(((want > 0) & (want < 1)).all())
+    keys = row_keys(seed, step, lane)  # the reference's definition, spelled out for row 0
+    a, b = int(keys[0, 0]), int(keys[0, 1])
+    first = [(mix32_int(mix32_int(a ^ i) ^ b) >> 9) for i in range(min(n, 5))]
+    assert want[0, :5].tolist() == [(h + 0.5) / 2**23 for h in first]  # exact in float32
 
 
 def test_a_rows_draws_depend_on_its_own_seed_step_and_lane_only():
@@ -73,6 +76,13 @@ def test_draws_are_uniform_and_uncorrelated_across_elements_steps_and_seeds():
     for a, b in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:]), (u, nxt)):
         corr = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
         assert abs(float(corr)) < 5 / a.numel() ** 0.5
+
+
+def test_the_extreme_hashes_stay_inside_the_open_interval():
+    from stree.kernels.keyed_random import to_uniform
+
+    u = to_uniform(torch.tensor([0, 2**32 - 1]))
+    assert u.tolist() == [2.0 ** -24, 1 - 2.0 ** -24] and bool(torch.isfinite(-torch.log(-torch.log(u))).all())
 
 
 def test_row_sampling_takes_any_integer_seed_modulo_2_64():
