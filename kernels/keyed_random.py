@@ -27,17 +27,9 @@ DRAFT_LANE = 16
 """A device drafter's draws at draft level ``l`` use lane ``DRAFT_LANE + l``."""
 
 
-def mix32_int(x: int) -> int:
-    """``lowbias32`` of one Python integer in ``[0, 2**32)``."""
-    x ^= x >> 16
-    x = (x * MUL1) & MASK32
-    x ^= x >> 15
-    x = (x * MUL2) & MASK32
-    return x ^ (x >> 16)
-
-
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """``lowbias32`` of int64 values in ``[0, 2**32)`` (the result is in the same range)."""
+def mix32(x):
+    """``lowbias32`` of int64 values in ``[0, 2**32)``, a tensor of them or one Python integer (the result is in the
+    same range)."""
     x = x ^ (x >> 16)
     x = (x * MUL1) & MASK32
     x = x ^ (x >> 15)
@@ -47,7 +39,7 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def lane_words(lane: int) -> tuple[int, int]:
     """The two words ``lane`` contributes to a key (host integers: nothing is copied to the device)."""
-    return mix32_int(lane & MASK32), mix32_int((lane ^ SALT) & MASK32)
+    return mix32(lane & MASK32), mix32((lane ^ SALT) & MASK32)
 
 
 def row_keys(seed: torch.Tensor, step: torch.Tensor, lane: int) -> torch.Tensor:

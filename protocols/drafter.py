@@ -13,7 +13,7 @@ Host-only drafters return None there (``HostDrafter`` does).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
 
 from .sampling import SamplingParams
@@ -91,7 +91,7 @@ class Drafter(Protocol):
 
     def open(self, prompt_ids: Sequence[int], params: SamplingParams) -> DrafterSession:
         """Start a session whose context is ``prompt_ids`` (non-empty). ``params.seed`` seeds the session's own
-        draws; callers give every session its own (``session_seeds``): drafts two requests drew alike would be
+        draws; callers give every session its own (``session_params``): drafts two requests drew alike would be
         one draw, not the independent draws from q that lossless sampled verification needs."""
         ...
 
@@ -136,6 +136,12 @@ class ContextSession:
     def root_only(self) -> TokenTree:
         """The empty draft: just the root (the verifier then does one plain decoding step)."""
         return TokenTree.chain([self.context[-1]])
+
+
+def session_params(params: SamplingParams) -> SamplingParams:
+    """``params`` for a request's host drafter session: a seed of its own, drawn from the request's (a seeded
+    request stays reproducible) or fresh, so its draws are neither another session's nor the verifier's."""
+    return replace(params, seed=session_seeds(params.seed, 1)[0])
 
 
 def session_seeds(seed: Optional[int], count: int) -> list[int]:

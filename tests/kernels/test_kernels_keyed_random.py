@@ -14,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from stree.kernels import ops  # noqa: E402
 from stree.kernels.keyed_random import (ACCEPT_LANE, BONUS_LANE, DRAFT_LANE, keyed_uniform_ref, mix32,  # noqa: E402
-                                        mix32_int, row_keys)
+                                        row_keys)
 from stree.kernels.keyed_random_triton import keyed_uniform_triton  # noqa: E402
 from stree.protocols.sampling import RowSampling  # noqa: E402
 from stat_helpers import chisquare_pvalue  # noqa: E402
@@ -31,7 +31,7 @@ def _lowbias32(x: int) -> int:
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=50))
 @settings(max_examples=30, deadline=None)
 def test_mix32_is_lowbias32_on_every_32_bit_value(xs):
-    assert mix32(torch.tensor(xs)).tolist() == [_lowbias32(x) for x in xs] == [mix32_int(x) for x in xs]
+    assert mix32(torch.tensor(xs)).tolist() == [_lowbias32(x) for x in xs] == [mix32(x) for x in xs]
 
 
 @given(st.lists(st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(0, 2**40)), min_size=1, max_size=6),
@@ -45,7 +45,7 @@ def test_triton_kernel_gives_the_reference_bits(rows, n, lane):
     assert bool(((want > 0) & (want < 1)).all())
     keys = row_keys(seed, step, lane)  # the reference's definition, spelled out for row 0
     a, b = int(keys[0, 0]), int(keys[0, 1])
-    first = [(mix32_int(mix32_int(a ^ i) ^ b) >> 9) for i in range(min(n, 5))]
+    first = [(mix32(mix32(a ^ i) ^ b) >> 9) for i in range(min(n, 5))]
     assert want[0, :5].tolist() == [(h + 0.5) / 2**23 for h in first]  # exact in float32
 
 

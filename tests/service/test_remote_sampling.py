@@ -1,9 +1,9 @@
 """Sampled output through a remote drafter (a DrafterService on loopback, its drafters Ray actors) has the target's
 distribution, with and without drafting ahead: chi-square of the first two tokens against the exact law (alpha
 1e-3 per test). The trees and their draft probabilities cross gRPC, so a rounding or a lost field there would bias
-the output. Every request of one ``stree.generate`` call shares its seed, so each drafter session must draw on a seed
-of its own (``session_seeds``): sessions drawing alike would make every request's tree one draw, which this test
-rejects."""
+the output. One ``stree.generate`` call takes one seed for all its requests, so each request and its drafter session
+must draw on a seed of their own (``session_seeds``, ``session_params``): sessions drawing alike would make every
+request's tree one draw, which this test rejects."""
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -136,7 +135,7 @@ class Engine:
         for the same prompts in the same order), or from torch's global generator (None). A request's draws depend
         only on its seed and its own steps."""
         seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
-        self.program.seeds = random.Random(seed)
+        self.program.reseed(seed)
 
     # ----- requests ------------------------------------------------------------------------------------
     def add(self, request: Request) -> Request:

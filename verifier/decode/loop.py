@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from stree.protocols.device_drafter import DeviceOffer
-from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, drafter_problem, session_seeds
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, drafter_problem, session_params, session_seeds
 from stree.protocols.sampling import SamplingParams
 from stree.verifier.decode.admission import check_hold_steps
 from stree.verifier.decode.engine import ADMIT_HOLD_STEPS, Request
@@ -92,7 +92,7 @@ def generate(
     try:
         for p, own in zip(prompts, seeds):  # each request, and its drafter session, draws on its own seed
             mine = replace(params, seed=own)
-            session = built.open(list(p), mine) if engine_drafter == "host" else None
+            session = built.open(list(p), session_params(mine)) if engine_drafter == "host" else None
             requests.append(Request(p, max_new_tokens, mine, stops, drafter_session=session))
         engine.run(requests)
     finally:

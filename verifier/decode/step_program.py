@@ -45,13 +45,17 @@ class StepProgram:
         self.out = torch.zeros(batch, out_width + 2, dtype=torch.long, device=dev)
         self.out_tokens, self.out_counts = self.out[:, : out_width + 1], self.out[:, out_width + 1]
         self.layouts = LayoutCache(batch, dev)
-        self.seeds = random.Random(0)  # where a request that brings no seed gets one (the engine reseeds it)
+        self.seeds = random.Random(0)  # where a request that brings no seed gets one (``reseed``)
         self.moved = False  # the last eagerly run body began to change state (before that, a failure loses nothing)
 
     def mutable(self) -> list[torch.Tensor]:
         """Every tensor a step advances: restored after a graph capture's warm-up runs."""
         tensors = [self.roots, self.out, self.sampling.step] + self.state.tensors()
         return tensors + (self.drafter.mutable() if self.drafter is not None else [])
+
+    def reseed(self, seed: int) -> None:
+        """Draw the seeds of requests that bring none from ``seed``."""
+        self.seeds = random.Random(seed)
 
     def start_row(self, row: int, params: SamplingParams) -> None:
         """Give slot ``row`` a joining request's sampling: its parameters, and its seed (or a fresh one drawn from

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Optional
 
-from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, session_seeds
+from stree.protocols.drafter import DEFAULT_BUDGET, DraftBudget, Drafter, session_params
 from stree.protocols.request_limits import (
     FieldError,
     check_prompt_ids,
@@ -243,8 +243,7 @@ class ServingCore:
         if job.drafter is None:
             return _RootOnly(job.prompt)
         budget = job.spec.budget or self.limits.budget
-        # a session of its own seed: drawn from the request's (reproducible) or fresh, never one others share
-        params = replace(job.spec.params, seed=session_seeds(job.spec.params.seed, 1)[0])
+        params = session_params(job.spec.params)
         try:
             if isinstance(job.drafter, RemoteDrafter):
                 return job.drafter.open(job.prompt, params, budget=budget)

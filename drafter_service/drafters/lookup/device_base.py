@@ -99,7 +99,7 @@ class LookupDeviceDrafter(DeviceDrafterBase, abc.ABC):
         self.history.append(self._tree_tokens.gather(1, path), path_len)
 
     def step_roots(self, roots: torch.Tensor) -> None:
-        self.history.append_roots(roots)
+        self.history.append(roots[:, None])
 
     def append(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
         """Append each slot's first ``count[b]`` of ``tokens`` (a composite drafter's catch-up)."""

@@ -47,14 +47,10 @@ class SlotHistory:
         """Empty the slots marked in ``idle`` (``[B]`` bool)."""
         self.length.masked_fill_(idle, 0)
 
-    def append(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
-        """Append each slot's first ``count[b]`` tokens of ``tokens`` ``[B, L]`` (past the capacity: dropped)."""
+    def append(self, tokens: torch.Tensor, count: Optional[torch.Tensor] = None) -> None:
+        """Append each slot's first ``count[b]`` tokens of ``tokens`` ``[B, L]`` (None: all L; past the capacity:
+        dropped)."""
         ops.history_append(self.tokens, self.length, tokens, count, self.pad)
-
-    def append_roots(self, roots: torch.Tensor) -> None:
-        """``append(roots[:, None], ones)``: a plain step's one token per slot, in every plain step's graph while
-        goodput control decodes plainly (a full slot drops it, as ``append`` does)."""
-        ops.history_append(self.tokens, self.length, roots[:, None], None, self.pad)
 
     def put_roots(self, roots: torch.Tensor) -> None:
         """Write each slot's root at its length (not counted in): the draft's view of the whole sequence."""
